@@ -1,0 +1,5 @@
+import sys
+
+from captioner.cli import main
+
+sys.exit(main())

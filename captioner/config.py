@@ -1,0 +1,141 @@
+"""Configuration as plain data: nested dicts loaded from YAML, with dotted command-line overrides.
+
+``DEFAULTS`` lists every setting and its default; a YAML file or an override may only set keys that
+exist there (a typo is an error, not a silently ignored setting). Overrides are ``section.key=value``
+with ``value`` parsed as YAML (``model.attention_dim=256``, ``encoder.grid=[7,7]``, ``run.device=cpu``).
+Every run writes its resolved config as ``config.yaml`` beside its checkpoints.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from pathlib import Path
+
+import yaml
+
+from captioner.errors import CaptionerError
+
+DEFAULTS: dict = {
+    "run": {
+        "out": "runs/default",      # run directory: checkpoints, metrics.jsonl, config.yaml
+        "seed": 0,
+        "device": "auto",           # auto | cpu | cuda | cuda:N
+    },
+    "data": {
+        "format": "coco",           # coco: official captions JSON per split; karpathy: one split file
+        "captions": {},             # coco: {split: captions_*.json}
+        "images": {},               # coco: {split: image folder that file_name is relative to}
+        "instances": {},            # optional {split: instances_*.json} (object boxes, for shapes measures)
+        "karpathy": None,           # karpathy: dataset_{coco,flickr8k,flickr30k}.json
+        "image_root": None,         # karpathy: folder that each entry's filepath/filename is relative to
+        "restval": "train",         # karpathy: the split that 'restval' images join
+        "features": None,           # feature cache folder (captioner cache-features); None = raw images
+        "vocab_min_count": 5,
+        "vocab_max_size": None,
+        "max_caption_length": 20,   # words; longer captions are cut
+        "num_workers": 0,
+        "max_pixels": 64_000_000,   # images with more pixels are refused before decoding
+        "strict": False,            # unreadable images stop the run instead of being skipped
+    },
+    "encoder": {
+        "name": "vgg19",
+        "pretrained": True,
+        "weights": None,
+        "image_size": 224,
+        "stride": None,
+        "grid": None,
+        "fine_tune_blocks": 0,
+    },
+    "model": {
+        "decoder": "lstm",          # lstm (Show, Attend and Tell)
+        "attention": "additive",    # additive | dot | scaled_dot | general | none
+        "attention_mode": "soft",   # soft | hard
+        "attention_dim": 512,
+        "embed_dim": 512,
+        "hidden_dim": 512,
+        "dropout": 0.5,
+        "gate": "scalar",           # scalar | vector | none  (the paper's beta gate)
+        "region_position": "none",  # none | sinusoidal: append a 2-D position code to each region
+        "position_dim": 32,
+        "doubly_stochastic": 1.0,   # lambda of the doubly stochastic attention regulariser
+    },
+    "train": {
+        "epochs": 20,
+        "batch_size": 64,
+        "lr": 4e-4,
+        "encoder_lr": 1e-4,
+        "weight_decay": 0.0,
+        "grad_clip": 5.0,
+        "lr_schedule": "none",      # none | step | cosine
+        "lr_step_epochs": 10,
+        "lr_gamma": 0.5,
+        "early_stopping": 5,        # epochs without improvement of train.metric; 0 = never stop early
+        "metric": "CIDEr",          # CIDEr | BLEU-4
+        "val_beam": 1,              # beam size for validation decoding (1 = greedy)
+        "val_max_images": 1000,     # validation decodes at most this many images
+        "checkpoint_every": 0,      # also save 'last' every N steps (0 = at epoch ends only)
+        "log_every": 50,
+        "wandb": "offline",         # offline | online | disabled
+        "amp": False,
+    },
+    "decode": {
+        "beam": 3,
+        "max_length": 20,
+        "length_penalty": 0.0,      # score / length**alpha when choosing among finished beams
+        "temperature": 1.0,
+    },
+}
+
+
+def _merge(base: dict, update: dict, where: str) -> dict:
+    for key, value in update.items():
+        if key not in base:
+            known = ", ".join(sorted(base))
+            raise CaptionerError(f"{where}: unknown setting '{key}' (known: {known})")
+        if isinstance(base[key], dict) and base[key] and isinstance(value, dict):
+            _merge(base[key], value, f"{where}.{key}")
+        else:
+            base[key] = value
+    return base
+
+
+def parse_override(text: str) -> dict:
+    """``"model.attention_dim=256"`` -> ``{"model": {"attention_dim": 256}}``."""
+    if "=" not in text:
+        raise CaptionerError(f"override '{text}': expected section.key=value")
+    dotted, raw = text.split("=", 1)
+    try:
+        value = yaml.safe_load(raw) if raw != "" else None
+    except yaml.YAMLError as err:
+        raise CaptionerError(f"override '{text}': value is not valid YAML ({err.problem})") from None
+    keys = dotted.strip().split(".")
+    nested: dict = value
+    for key in reversed(keys):
+        nested = {key: nested}
+    return nested
+
+
+def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> dict:
+    """Defaults, then the YAML file, then the overrides (later wins). Returns a fresh nested dict."""
+    config = copy.deepcopy(DEFAULTS)
+    if path is not None:
+        path = Path(path)
+        try:
+            loaded = yaml.safe_load(path.read_text()) or {}
+        except OSError as err:
+            raise CaptionerError(f"{path}: cannot read config ({err.strerror})") from None
+        except yaml.YAMLError as err:
+            mark = getattr(err, "problem_mark", None)
+            where = f" at line {mark.line + 1}" if mark else ""
+            raise CaptionerError(f"{path}: invalid YAML{where}") from None
+        if not isinstance(loaded, dict):
+            raise CaptionerError(f"{path}: a config must be a mapping of sections")
+        _merge(config, loaded, str(path))
+    for text in overrides:
+        _merge(config, parse_override(text), f"override '{text}'")
+    return config
+
+
+def save_config(config: dict, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(config, sort_keys=False))

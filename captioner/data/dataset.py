@@ -1,0 +1,136 @@
+"""One dataset class for raw images or cached features, a padding collate, and a resumable sampler."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import torch
+from torch.utils.data import Dataset, Sampler
+from torchvision.transforms import v2 as transforms
+
+from captioner.data.feature_cache import FeatureCache
+from captioner.data.readers import ImageRecord
+from captioner.data.vocabulary import Vocabulary
+from captioner.errors import CaptionerError, ImageError
+
+log = logging.getLogger(__name__)
+
+
+def image_transform(encoder) -> transforms.Compose:
+    """PIL image -> ``(3, H, W)`` float tensor in [0, 1] at the encoder's input size and interpolation."""
+    return transforms.Compose([
+        transforms.PILToTensor(),
+        transforms.Resize(list(encoder.image_size), interpolation=encoder.interpolation, antialias=True),
+        transforms.ToDtype(torch.float32, scale=True),
+    ])
+
+
+class CaptionDataset(Dataset):
+    """Items are ``(image, caption)`` pairs (``pairs=True``, training) or one item per image (evaluation).
+
+    The visual input is either the raw image (``transform`` given) or its cached features
+    (``features`` given): ``visual`` is ``(3, H, W)`` or ``(L, D)``. Every record keeps all of its
+    captions, so evaluation can score against all references. Images missing from the feature cache
+    (unreadable when the cache was built) are left out and counted in ``missing``.
+    """
+
+    def __init__(self, records: Sequence[ImageRecord], vocab: Vocabulary, max_caption_length: int, *,
+                 features: FeatureCache | None = None, transform=None, pairs: bool = True,
+                 max_pixels: int = 64_000_000, strict: bool = False):
+        if (features is None) == (transform is None):
+            raise ValueError("give exactly one of features or transform")
+        self.vocab, self.max_caption_length = vocab, max_caption_length
+        self.features, self.transform = features, transform
+        self.max_pixels, self.strict = max_pixels, strict
+        self.missing = [r.image_id for r in records if features is not None and r.image_id not in features]
+        if self.missing and strict:
+            raise CaptionerError(f"{features.folder}: {len(self.missing)} image(s) missing from the feature cache, "
+                                 f"e.g. id {self.missing[0]} (data.strict is on)")
+        missing = set(self.missing)
+        self.records = [r for r in records if r.image_id not in missing]
+        self.items = ([(r, c) for r in range(len(self.records)) for c in range(len(self.records[r].captions))]
+                      if pairs else [(r, -1) for r in range(len(self.records))])
+        self.encoded = [[vocab.encode(c, max_caption_length) for c in r.captions] for r in self.records]
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def caption_length(self, index: int) -> int:
+        record, caption = self.items[index]
+        return len(self.encoded[record][caption]) if caption >= 0 else 0
+
+    def __getitem__(self, index: int) -> dict:
+        from captioner.data.images import load_image
+
+        record_index, caption_index = self.items[index]
+        record = self.records[record_index]
+        item = {"index": record_index, "image_id": record.image_id, "caption": None, "visual": None, "error": None}
+        if caption_index >= 0:
+            item["caption"] = torch.tensor(self.encoded[record_index][caption_index], dtype=torch.long)
+        if self.features is not None:
+            item["visual"] = self.features[record.image_id]
+        else:
+            try:
+                item["visual"] = self.transform(load_image(record.path, max_pixels=self.max_pixels))
+            except ImageError as err:
+                if self.strict:
+                    raise
+                item["error"] = str(err)
+        return item
+
+
+def collate(items: list[dict]) -> dict:
+    """Stack visuals and pad captions with ``<pad>`` (index 0).
+
+    Returns ``visual`` (B, 3, H, W) or (B, L, D), ``captions`` (B, T) long (``<start> .. <end> <pad>..``),
+    ``lengths`` (B,) tokens including ``<start>``/``<end>``, ``index`` (B,) record indices, and ``errors``
+    (messages of unreadable images that were dropped from the batch).
+    """
+    errors = [it["error"] for it in items if it["error"] is not None]
+    items = [it for it in items if it["error"] is None]
+    batch = {"errors": errors, "index": torch.tensor([it["index"] for it in items], dtype=torch.long),
+             "image_id": [it["image_id"] for it in items]}
+    batch["visual"] = torch.stack([it["visual"] for it in items]) if items else None
+    if items and items[0]["caption"] is not None:
+        lengths = torch.tensor([len(it["caption"]) for it in items], dtype=torch.long)
+        captions = torch.zeros(len(items), int(lengths.max()), dtype=torch.long)
+        for row, it in enumerate(items):
+            captions[row, : len(it["caption"])] = it["caption"]
+        batch["captions"], batch["lengths"] = captions, lengths
+    return batch
+
+
+class EpochSampler(Sampler[int]):
+    """A fresh permutation per epoch from ``(seed, epoch)``, split across ranks, resumable mid-epoch.
+
+    The order depends only on the seed and epoch, never on global random state, so a run resumed at
+    ``(epoch, start)`` sees exactly the items an uninterrupted run would. With ``world_size > 1`` the
+    permutation is padded to a multiple of the world size and rank ``r`` takes every ``world_size``-th
+    item from position ``r`` (each rank the same number of items, as DistributedSampler does).
+    """
+
+    def __init__(self, num_items: int, seed: int, shuffle: bool = True, rank: int = 0, world_size: int = 1):
+        self.num_items, self.seed, self.shuffle = num_items, seed, shuffle
+        self.rank, self.world_size = rank, world_size
+        self.epoch, self.start = 0, 0
+
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
+        """Iterate epoch ``epoch`` from its ``start``-th item of this rank on."""
+        self.epoch, self.start = epoch, start
+
+    def _rank_indices(self) -> list[int]:
+        if self.shuffle:
+            generator = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
+            order = torch.randperm(self.num_items, generator=generator).tolist()
+        else:
+            order = list(range(self.num_items))
+        per_rank = -(-self.num_items // self.world_size)
+        order += order[: per_rank * self.world_size - len(order)]
+        return order[self.rank :: self.world_size]
+
+    def __iter__(self):
+        return iter(self._rank_indices()[self.start :])
+
+    def __len__(self) -> int:
+        return -(-self.num_items // self.world_size) - self.start

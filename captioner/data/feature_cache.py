@@ -1,0 +1,157 @@
+"""Cached encoder features: a memory-mapped ``(N, L, D)`` array with an index by image id.
+
+Layout of a cache folder::
+
+    features.npy   (N, L, D) float16 (or float32), written in place through a memory map
+    status.npy     (N,) uint8: 0 = not yet written, 1 = written, 2 = image unreadable
+    meta.json      image ids (row order), grid, feature size, dtype, the encoder config
+    failed.json    {image_id: reason} for unreadable images
+
+Writing is resumable: rows already marked written are skipped when the same images and encoder are
+cached again into the same folder. Reading never loads the whole array: each lookup touches one row.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+from tqdm import tqdm
+
+from captioner.data.readers import ImageRecord
+from captioner.errors import CaptionerError, ImageError
+
+PENDING, WRITTEN, FAILED = 0, 1, 2
+
+
+class RecordImages(Dataset):
+    """Loads each record's image as a tensor; unreadable images come back as ``(index, None, reason)``."""
+
+    def __init__(self, records: Sequence[ImageRecord], transform, max_pixels: int):
+        self.records, self.transform, self.max_pixels = records, transform, max_pixels
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __getitem__(self, index: int):
+        from captioner.data.images import load_image
+
+        try:
+            image = load_image(self.records[index].path, max_pixels=self.max_pixels)
+        except ImageError as err:
+            return index, None, str(err)
+        return index, self.transform(image), None
+
+
+def _collate_images(batch):
+    good = [(i, x) for i, x, _ in batch if x is not None]
+    failed = [(i, reason) for i, x, reason in batch if x is None]
+    indices = [i for i, _ in good]
+    images = torch.stack([x for _, x in good]) if good else None
+    return indices, images, failed
+
+
+def build_feature_cache(encoder, records: Sequence[ImageRecord], out_dir: str | Path, *, transform,
+                        batch_size: int = 32, num_workers: int = 0, max_pixels: int = 64_000_000,
+                        dtype: str = "float16", encoder_config: dict | None = None,
+                        progress: bool = True) -> dict:
+    """Run the frozen ``encoder`` once over every record's image and store the features.
+
+    Returns ``{"written": n, "failed": {image_id: reason}, "skipped": n_already_done}``.
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    unique = {}
+    for record in records:
+        unique.setdefault(record.image_id, record)
+    ids = sorted(unique)
+    ordered = [unique[i] for i in ids]
+    num_regions = encoder.grid[0] * encoder.grid[1]
+    meta = {"image_ids": ids, "grid": list(encoder.grid), "feature_dim": encoder.feature_dim,
+            "dtype": dtype, "encoder": encoder_config or {}}
+    meta_path, features_path, status_path = out_dir / "meta.json", out_dir / "features.npy", out_dir / "status.npy"
+    shape = (len(ids), num_regions, encoder.feature_dim)
+    resume = meta_path.exists() and features_path.exists() and status_path.exists()
+    if resume:
+        old = json.loads(meta_path.read_text())
+        if old != meta:
+            raise CaptionerError(f"{out_dir}: holds a cache of other images or another encoder; "
+                                 "choose an empty folder or delete it")
+        features = np.load(features_path, mmap_mode="r+")
+        status = np.load(status_path, mmap_mode="r+")
+    else:
+        features = np.lib.format.open_memmap(features_path, mode="w+", dtype=np.dtype(dtype), shape=shape)
+        status = np.lib.format.open_memmap(status_path, mode="w+", dtype=np.uint8, shape=(len(ids),))
+        meta_path.write_text(json.dumps(meta))
+    failed_path = out_dir / "failed.json"
+    failed: dict[str, str] = json.loads(failed_path.read_text()) if failed_path.exists() and resume else {}
+
+    todo = [i for i in range(len(ids)) if status[i] == PENDING]
+    skipped = len(ids) - len(todo)
+    loader = DataLoader(RecordImages([ordered[i] for i in todo], transform, max_pixels), batch_size=batch_size,
+                        num_workers=num_workers, collate_fn=_collate_images)
+    device = next(encoder.parameters()).device
+    encoder.eval()
+    written = 0
+    bar = tqdm(total=len(ids), initial=skipped, desc="caching features", unit="img", disable=not progress)
+    with torch.inference_mode():
+        for indices, images, bad in loader:
+            rows = [todo[i] for i in indices]
+            if images is not None:
+                out = encoder(images.to(device)).float().cpu().numpy()
+                features[rows] = out.astype(features.dtype)
+                written += len(rows)
+            for i, reason in bad:
+                failed[str(ids[todo[i]])] = reason
+                status[todo[i]] = FAILED
+            features.flush()
+            status[rows] = WRITTEN  # marked only after the rows are on disk
+            status.flush()
+            if bad:
+                failed_path.write_text(json.dumps(failed, indent=1))
+            bar.update(len(indices) + len(bad))
+            bar.set_postfix(failed=len(failed))
+    bar.close()
+    return {"written": written, "failed": failed, "skipped": skipped}
+
+
+class FeatureCache:
+    """Read-only view of a cache folder: ``cache[image_id]`` -> features ``(L, D)`` as a float32 tensor."""
+
+    def __init__(self, folder: str | Path):
+        self.folder = Path(folder)
+        meta_path = self.folder / "meta.json"
+        if not meta_path.exists():
+            raise CaptionerError(f"{self.folder}: not a feature cache (no meta.json); run 'captioner cache-features'")
+        self.meta = json.loads(meta_path.read_text())
+        self.row_of = {int(i): row for row, i in enumerate(self.meta["image_ids"])}
+        self.grid = tuple(self.meta["grid"])
+        self.feature_dim = int(self.meta["feature_dim"])
+        self._features = None
+        self._status = np.load(self.folder / "status.npy")
+
+    @property
+    def features(self) -> np.ndarray:
+        # Opened lazily so that each DataLoader worker maps the file itself.
+        if self._features is None:
+            self._features = np.load(self.folder / "features.npy", mmap_mode="r")
+        return self._features
+
+    def __contains__(self, image_id: int) -> bool:
+        row = self.row_of.get(int(image_id))
+        return row is not None and self._status[row] == WRITTEN
+
+    def __getitem__(self, image_id: int) -> torch.Tensor:
+        row = self.row_of.get(int(image_id))
+        if row is None or self._status[row] != WRITTEN:
+            raise KeyError(f"image id {image_id} is not in the feature cache {self.folder}")
+        return torch.from_numpy(np.asarray(self.features[row], dtype=np.float32))
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_features"] = None  # never pickle a memory map into worker processes
+        return state

@@ -1,0 +1,145 @@
+"""Greedy decoding, sampling and batched beam search: one implementation for every decoder.
+
+A decoder plugs in through a two-method decode-step interface:
+
+* ``init_state(features (B, L, D)) -> state``: a dict of tensors whose first dimension is the batch;
+* ``step(tokens (N,), state) -> (log_probs (N, V), state, attention)`` where ``attention`` is a dict of
+  per-word maps ``(N, L)`` (``"alpha"`` always; e.g. ``"chosen"`` for hard attention).
+
+Searches reorder the state with :func:`select_state` and return one :class:`Generation` per image.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class Generation:
+    """A decoded caption: word ``tokens`` (without ``<start>``, up to and excluding ``<end>``), its total
+    ``log_prob`` (``<end>`` included), and ``attention[name]`` (len(tokens), L) for each emitted word."""
+
+    tokens: list[int]
+    log_prob: float
+    attention: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+def select_state(state: dict[str, torch.Tensor], index: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Rows ``index`` of every state tensor (reorders or repeats beams and images)."""
+    return {name: value.index_select(0, index) for name, value in state.items()}
+
+
+def _stack_attention(history: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """List over steps of ``{name: (N, L)}`` -> ``{name: (N, T, L)}``."""
+    if not history:
+        return {}
+    return {name: torch.stack([h[name] for h in history], dim=1) for name in history[0]}
+
+
+def _generations(tokens: torch.Tensor, log_probs: torch.Tensor, attention: dict[str, torch.Tensor],
+                 end_index: int) -> list[Generation]:
+    """Cut each row of ``tokens`` (B, T) at its first ``<end>``."""
+    out = []
+    for row in range(tokens.shape[0]):
+        words = tokens[row].tolist()
+        length = words.index(end_index) if end_index in words else len(words)
+        out.append(Generation(words[:length], float(log_probs[row]),
+                              {k: v[row, :length].float().cpu() for k, v in attention.items()}))
+    return out
+
+
+@torch.inference_mode()
+def greedy(decoder, features: torch.Tensor, *, max_length: int, start_index: int, end_index: int,
+           temperature: float = 0.0, generator: torch.Generator | None = None) -> list[Generation]:
+    """Most likely word at every step (``temperature=0``), or sampled from ``softmax(logits / temperature)``.
+
+    ``features`` (B, L, D). Every image stops at its own ``<end>``; the batch stops when all have.
+    """
+    batch = features.shape[0]
+    state = decoder.init_state(features)
+    tokens = torch.full((batch,), start_index, dtype=torch.long, device=features.device)
+    finished = torch.zeros(batch, dtype=torch.bool, device=features.device)
+    total = torch.zeros(batch, device=features.device)
+    emitted, history = [], []
+    for _ in range(max_length):
+        log_probs, state, attention = decoder.step(tokens, state)
+        if temperature > 0:
+            probs = torch.softmax(log_probs / temperature, dim=-1)
+            tokens = torch.multinomial(probs, 1, generator=generator).squeeze(1)
+        else:
+            tokens = log_probs.argmax(dim=-1)
+        total += torch.where(finished, 0.0, log_probs.gather(1, tokens[:, None]).squeeze(1))
+        emitted.append(tokens)
+        history.append(attention)
+        finished |= tokens == end_index
+        if finished.all():
+            break
+    return _generations(torch.stack(emitted, 1), total, _stack_attention(history), end_index)
+
+
+def sample(decoder, features: torch.Tensor, *, max_length: int, start_index: int, end_index: int,
+           temperature: float = 1.0, generator: torch.Generator | None = None) -> list[Generation]:
+    """Sampling with temperature (> 0); see :func:`greedy`."""
+    if temperature <= 0:
+        raise ValueError("sampling needs a temperature > 0")
+    return greedy(decoder, features, max_length=max_length, start_index=start_index, end_index=end_index,
+                  temperature=temperature, generator=generator)
+
+
+@torch.inference_mode()
+def beam_search(decoder, features: torch.Tensor, *, beam_size: int, max_length: int, start_index: int,
+                end_index: int, length_penalty: float = 0.0) -> list[Generation]:
+    """Batched beam search over all images at once: ``features`` (B, L, D) -> B generations.
+
+    The B*k hypotheses advance together in one ``step`` call per word. A hypothesis that emitted
+    ``<end>`` is finished: it keeps its score and competes with the live ones until the search stops
+    (all top-k hypotheses of every image finished, or ``max_length`` words). The answer for each image
+    is its best hypothesis by ``log_prob / length**length_penalty`` (``0`` = raw log-probability).
+    With ``beam_size=1`` this is exactly greedy decoding.
+    """
+    batch, k, device = features.shape[0], beam_size, features.device
+    state = decoder.init_state(features)
+    state = select_state(state, torch.arange(batch, device=device).repeat_interleave(k))
+    scores = torch.full((batch, k), float("-inf"), device=device)
+    scores[:, 0] = 0.0                                    # one live beam per image at the start
+    tokens = torch.full((batch * k,), start_index, dtype=torch.long, device=device)
+    finished = torch.zeros(batch * k, dtype=torch.bool, device=device)
+    lengths = torch.zeros(batch * k, dtype=torch.long, device=device)
+    words = torch.empty(batch * k, 0, dtype=torch.long, device=device)
+    history: dict[str, torch.Tensor] = {}
+    base = (torch.arange(batch, device=device) * k).unsqueeze(1)   # (B, 1) offset of each image's beams
+    for _ in range(max_length):
+        log_probs, state, attention = decoder.step(tokens, state)
+        vocab = log_probs.shape[1]
+        # A finished hypothesis may only be extended by <end> at no cost, so it carries its score along.
+        frozen = torch.full_like(log_probs, float("-inf"))
+        frozen[:, end_index] = 0.0
+        log_probs = torch.where(finished[:, None], frozen, log_probs)
+        candidates = (scores.view(-1, 1) + log_probs).view(batch, k * vocab)
+        scores, flat = candidates.topk(k, dim=1)                    # (B, k)
+        origin = (base + flat // vocab).view(-1)                    # rows of the hypotheses extended
+        tokens = (flat % vocab).view(-1)
+        lengths = lengths.index_select(0, origin) + (~finished.index_select(0, origin)).long()
+        finished = finished.index_select(0, origin) | (tokens == end_index)
+        words = torch.cat([words.index_select(0, origin), tokens[:, None]], dim=1)
+        state = select_state(state, origin)
+        for name, value in attention.items():
+            past = history[name].index_select(0, origin) if name in history else value.new_empty(batch * k, 0, value.shape[1])
+            history[name] = torch.cat([past, value.index_select(0, origin).unsqueeze(1)], dim=1)
+        if finished.all():
+            break
+    normalised = scores.view(-1) / lengths.clamp(min=1).float() ** length_penalty if length_penalty else scores.view(-1)
+    best = base.squeeze(1) + normalised.view(batch, k).argmax(dim=1)
+    return _generations(words.index_select(0, best), scores.view(-1).index_select(0, best),
+                        {name: value.index_select(0, best) for name, value in history.items()}, end_index)
+
+
+def decode(decoder, features: torch.Tensor, *, beam_size: int, max_length: int, start_index: int,
+           end_index: int, length_penalty: float = 0.0) -> list[Generation]:
+    """Beam search for ``beam_size > 1``, greedy decoding for 1."""
+    if beam_size > 1:
+        return beam_search(decoder, features, beam_size=beam_size, max_length=max_length, start_index=start_index,
+                           end_index=end_index, length_penalty=length_penalty)
+    return greedy(decoder, features, max_length=max_length, start_index=start_index, end_index=end_index)

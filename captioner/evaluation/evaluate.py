@@ -1,0 +1,62 @@
+"""``captioner evaluate``: decode a split with a checkpoint, write COCO-format results, score them."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+from captioner.data.dataset import CaptionDataset, image_transform
+from captioner.data.feature_cache import FeatureCache
+from captioner.data.readers import read_split
+from captioner.evaluation.caption_metrics import score_captions, write_coco_results
+from captioner.evaluation.generate import caption_texts, generate_captions
+from captioner.training.checkpoint import load_model
+from captioner.utils import resolve_device
+
+log = logging.getLogger(__name__)
+
+
+def split_dataset(config: dict, split: str, vocab, model) -> CaptionDataset:
+    """One item per image of ``split``: cached features when the cache holds them all, else raw images."""
+    data = config["data"]
+    records = read_split(data, split)
+    common = {"max_caption_length": data["max_caption_length"], "max_pixels": data["max_pixels"],
+              "strict": data["strict"], "pairs": False}
+    if data["features"] and Path(data["features"]).exists():
+        cache = FeatureCache(data["features"])
+        if all(r.image_id in cache for r in records):
+            return CaptionDataset(records, vocab, features=cache, **common)
+    return CaptionDataset(records, vocab, transform=image_transform(model.encoder), **common)
+
+
+def evaluate_checkpoint(checkpoint: str | Path, split: str = "test", *, beam_size: int | None = None,
+                        out_dir: str | Path | None = None, config_overrides: dict | None = None,
+                        device: str = "auto", spice: bool = False, progress: bool = True) -> dict:
+    """Scores of ``checkpoint`` on ``split``; writes ``captions_{split}.json`` (COCO results format) and
+    ``scores_{split}.json`` into ``out_dir`` (default: the checkpoint's folder)."""
+    model, vocab, config, _ = load_model(checkpoint, resolve_device(device))
+    for section, values in (config_overrides or {}).items():
+        config[section] = {**config[section], **values}
+    decode_cfg = config["decode"]
+    beam_size = beam_size or decode_cfg["beam"]
+    dataset = split_dataset(config, split, vocab, model)
+    generations = generate_captions(model, dataset, vocab, beam_size=beam_size, max_length=decode_cfg["max_length"],
+                                    length_penalty=decode_cfg["length_penalty"], progress=progress)
+    texts = caption_texts(generations, vocab)
+    references = {r.image_id: r.captions for r in dataset.records}
+    scores = score_captions(references, texts, spice=spice)
+    instances = config["data"].get("instances", {}).get(split)
+    if instances and Path(instances).exists():
+        from captioner.evaluation.shapes_metrics import load_shapes_objects, shapes_scores
+
+        objects = load_shapes_objects(instances)
+        if objects:
+            scores.update(shapes_scores(texts, objects))
+    scores["images"] = len(texts)
+    scores["beam"] = beam_size
+    out_dir = Path(out_dir) if out_dir else Path(checkpoint).parent
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_coco_results(texts, out_dir / f"captions_{split}.json")
+    (out_dir / f"scores_{split}.json").write_text(json.dumps(scores, indent=2))
+    return scores

@@ -1,0 +1,69 @@
+"""One attention-scoring module for the four classic scoring functions and the no-attention ablation.
+
+Scores ``e_i`` of region ``a_i`` (D) against a query ``h`` (H, the decoder's previous hidden state):
+
+==============  =============================================  ==========================
+``additive``    ``w . tanh(W_a a_i + W_h h)``                   Bahdanau; Xu et al. §4.2
+``dot``         ``(W_a a_i) . (W_h h)``                         Luong "dot", on projections
+``scaled_dot``  ``(W_a a_i) . (W_h h) / sqrt(A)``               Vaswani et al.
+``general``     ``h . (W a_i)``                                 Luong "general" (bilinear)
+``none``        ``0`` for every region (alpha = uniform)       ablation: context = mean
+==============  =============================================  ==========================
+
+``alpha = softmax(e)`` over the valid regions. The region side (``W_a a_i``) depends only on the image,
+so :meth:`RegionAttention.project_regions` computes it once per image and every decoding step reuses it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+SCORES = ("additive", "dot", "scaled_dot", "general", "none")
+
+
+class RegionAttention(nn.Module):
+    """Scores L regions against a query and returns attention weights over them."""
+
+    def __init__(self, score: str, region_dim: int, query_dim: int, attention_dim: int):
+        super().__init__()
+        if score not in SCORES:
+            raise ValueError(f"attention score must be one of {SCORES}, not {score!r}")
+        self.score = score
+        if score == "additive":
+            self.region_proj = nn.Linear(region_dim, attention_dim)
+            self.query_proj = nn.Linear(query_dim, attention_dim, bias=False)
+            self.energy = nn.Linear(attention_dim, 1)
+        elif score in ("dot", "scaled_dot"):
+            self.region_proj = nn.Linear(region_dim, attention_dim)
+            self.query_proj = nn.Linear(query_dim, attention_dim, bias=False)
+        elif score == "general":
+            self.region_proj = nn.Linear(region_dim, query_dim, bias=False)
+        self.scale = 1.0 / math.sqrt(attention_dim) if score == "scaled_dot" else 1.0
+
+    def project_regions(self, regions: torch.Tensor) -> torch.Tensor | None:
+        """Region side of the score, once per image: ``(B, L, D)`` -> ``(B, L, A)`` (None for ``none``)."""
+        return None if self.score == "none" else self.region_proj(regions)
+
+    def scores(self, keys: torch.Tensor | None, query: torch.Tensor, num_regions: int) -> torch.Tensor:
+        """Unnormalised scores ``(B, L)`` from projected regions ``keys`` (B, L, A) and ``query`` (B, H)."""
+        if self.score == "none":
+            return query.new_zeros(query.shape[0], num_regions)
+        if self.score == "additive":
+            hidden = torch.tanh(keys + self.query_proj(query).unsqueeze(1))
+            return self.energy(hidden).squeeze(-1)
+        q = query if self.score == "general" else self.query_proj(query)
+        return torch.bmm(keys, q.unsqueeze(-1)).squeeze(-1) * self.scale
+
+    def forward(self, keys: torch.Tensor | None, query: torch.Tensor, num_regions: int,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Attention weights ``alpha`` (B, L), summing to 1 over valid regions.
+
+        ``mask`` (B, L) bool marks valid regions; masked regions get exactly zero weight.
+        """
+        scores = self.scores(keys, query, num_regions)
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        return torch.softmax(scores.float(), dim=-1).to(query.dtype)

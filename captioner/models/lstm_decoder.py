@@ -1,0 +1,160 @@
+"""The Show, Attend and Tell LSTM decoder (Xu et al. 2015, §3.1.2, §4.2, §4.2.1).
+
+At step t, from the previous word ``y_{t-1}``, hidden state ``h_{t-1}`` and the image's regions ``a`` (L, D):
+
+    alpha_t = softmax_i score(a_i, h_{t-1})                 (captioner.models.attention)
+    z_t     = beta_t * sum_i alpha_ti a_i,  beta_t = sigmoid(f_beta(h_{t-1}))   (scalar or vector gate)
+    i, f, o, g = W [E y_{t-1}; z_t; h_{t-1}] + b;  c_t = f*c_{t-1} + i*g;  h_t = o*tanh(c_t)
+    p(y_t)  ∝ exp(L_o dropout(tanh(E y_{t-1} + L_h h_t + L_z z_t)))       (deep output layer)
+
+``h_0, c_0`` come from one-layer tanh MLPs of the mean region. Work that does not depend on the step
+is taken out of the loop: the region projection ``W_a a_i`` (once per image), the embedding part of
+the LSTM gates and the whole output layer (once per caption, over all steps at once).
+
+The decode-step interface shared by every decoder (see :mod:`captioner.decoding.search`):
+``init_state(regions) -> state`` and ``step(tokens, state) -> (log_probs, state, attention)``, where
+``state`` is a dict of tensors whose first dimension is the batch, so a search can reorder it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from captioner.models.attention import RegionAttention
+
+
+@dataclass
+class LSTMDecoderConfig:
+    vocab_size: int
+    region_dim: int                 # D, the encoder's feature size
+    grid: tuple[int, int]           # (gh, gw), L = gh * gw
+    attention: str = "additive"
+    attention_dim: int = 512
+    embed_dim: int = 512
+    hidden_dim: int = 512
+    dropout: float = 0.5
+    gate: str = "scalar"            # scalar | vector | none
+    region_position: str = "none"   # none | sinusoidal
+    position_dim: int = 32
+
+
+def sinusoidal_grid_code(grid: tuple[int, int], dim: int) -> torch.Tensor:
+    """A fixed 2-D position code ``(L, dim)`` for a ``gh x gw`` grid: half for rows, half for columns.
+
+    Each half holds sines and cosines of the cell centre's normalised coordinate at ``dim // 4``
+    geometric frequencies, so nearby cells have similar codes and every cell a distinct one.
+    """
+    if dim % 4:
+        raise ValueError(f"position_dim must be a multiple of 4, got {dim}")
+    gh, gw = grid
+    freqs = math.pi * (2.0 ** torch.arange(dim // 4, dtype=torch.float32))
+
+    def encode(n: int) -> torch.Tensor:
+        coords = (torch.arange(n, dtype=torch.float32) + 0.5) / n
+        angles = coords[:, None] * freqs[None, :]
+        return torch.cat([angles.sin(), angles.cos()], dim=1)
+
+    rows, cols = encode(gh), encode(gw)
+    return torch.cat([rows[:, None, :].expand(gh, gw, -1), cols[None, :, :].expand(gh, gw, -1)], dim=-1).reshape(gh * gw, dim)
+
+
+class LSTMDecoder(nn.Module):
+    """Soft-attention LSTM decoder with the paper's gating, initial state and deep output."""
+
+    def __init__(self, config: LSTMDecoderConfig):
+        super().__init__()
+        self.config = c = config
+        if c.gate not in ("scalar", "vector", "none"):
+            raise ValueError(f"model.gate must be scalar, vector or none, not {c.gate!r}")
+        if c.region_position not in ("none", "sinusoidal"):
+            raise ValueError(f"model.region_position must be none or sinusoidal, not {c.region_position!r}")
+        position_dim = c.position_dim if c.region_position == "sinusoidal" else 0
+        if position_dim:
+            self.register_buffer("position_code", sinusoidal_grid_code(tuple(c.grid), position_dim), persistent=False)
+        self.context_dim = d = c.region_dim + position_dim
+        self.embedding = nn.Embedding(c.vocab_size, c.embed_dim)
+        self.attention = RegionAttention(c.attention, d, c.hidden_dim, c.attention_dim)
+        self.init_h = nn.Linear(d, c.hidden_dim)
+        self.init_c = nn.Linear(d, c.hidden_dim)
+        self.gate = None if c.gate == "none" else nn.Linear(c.hidden_dim, 1 if c.gate == "scalar" else d)
+        self.input_gates = nn.Linear(c.embed_dim, 4 * c.hidden_dim)             # E y_{t-1} part, all steps at once
+        self.recurrent_gates = nn.Linear(d + c.hidden_dim, 4 * c.hidden_dim, bias=False)  # [z_t; h_{t-1}] part
+        self.out_hidden = nn.Linear(c.hidden_dim, c.embed_dim)                  # L_h
+        self.out_context = nn.Linear(d, c.embed_dim, bias=False)               # L_z
+        self.dropout = nn.Dropout(c.dropout)
+        self.out_words = nn.Linear(c.embed_dim, c.vocab_size)                   # L_o
+
+    # -- pieces shared by teacher forcing and step-by-step decoding ---------------------------------
+    def prepare_regions(self, features: torch.Tensor) -> torch.Tensor:
+        """Encoder features ``(B, L, D)`` -> regions ``(B, L, D')``, with the position code appended if set."""
+        if self.config.region_position == "sinusoidal":
+            code = self.position_code.to(features.dtype).expand(features.shape[0], -1, -1)
+            features = torch.cat([features, code], dim=-1)
+        return features
+
+    def initial_hidden(self, regions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        mean = regions.mean(dim=1)
+        return torch.tanh(self.init_h(mean)), torch.tanh(self.init_c(mean))
+
+    def context(self, regions: torch.Tensor, keys: torch.Tensor | None, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Gated context ``z_t`` (B, D') and ``alpha_t`` (B, L) from ``h_{t-1}`` (B, H)."""
+        alpha = self.attention(keys, h, regions.shape[1])
+        z = torch.bmm(alpha.unsqueeze(1), regions).squeeze(1)
+        if self.gate is not None:
+            z = torch.sigmoid(self.gate(h)) * z
+        return z, alpha
+
+    def lstm_cell(self, input_gates: torch.Tensor, z: torch.Tensor, h: torch.Tensor, c: torch.Tensor):
+        gates = input_gates + self.recurrent_gates(torch.cat([z, h], dim=1))
+        i, f, g, o = gates.chunk(4, dim=1)
+        c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+        return torch.sigmoid(o) * torch.tanh(c), c
+
+    def output_logits(self, embedded: torch.Tensor, h: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """Deep output layer: ``(..., E), (..., H), (..., D')`` -> logits ``(..., V)``."""
+        return self.out_words(self.dropout(torch.tanh(embedded + self.out_hidden(h) + self.out_context(z))))
+
+    # -- teacher forcing ------------------------------------------------------------------------------
+    def forward(self, features: torch.Tensor, captions: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Teacher-forced pass.
+
+        ``features`` (B, L, D); ``captions`` (B, T+1) = ``<start> w_1 .. <end> <pad>..``.
+        Returns ``logits`` (B, T, V) predicting ``captions[:, 1:]`` and ``alpha`` (B, T, L).
+        """
+        regions = self.prepare_regions(features)
+        keys = self.attention.project_regions(regions)
+        embedded = self.embedding(captions[:, :-1])          # (B, T, E)
+        input_gates = self.input_gates(embedded)              # (B, T, 4H)
+        h, c = self.initial_hidden(regions)
+        hs, zs, alphas = [], [], []
+        for t in range(embedded.shape[1]):
+            z, alpha = self.context(regions, keys, h)
+            h, c = self.lstm_cell(input_gates[:, t], z, h, c)
+            hs.append(h)
+            zs.append(z)
+            alphas.append(alpha)
+        logits = self.output_logits(embedded, torch.stack(hs, 1), torch.stack(zs, 1))
+        return {"logits": logits, "alpha": torch.stack(alphas, 1)}
+
+    # -- the decode-step interface --------------------------------------------------------------------
+    def init_state(self, features: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Per-image state for step-by-step decoding from features ``(B, L, D)``."""
+        regions = self.prepare_regions(features)
+        h, c = self.initial_hidden(regions)
+        state = {"regions": regions, "h": h, "c": c}
+        keys = self.attention.project_regions(regions)
+        if keys is not None:
+            state["keys"] = keys
+        return state
+
+    def step(self, tokens: torch.Tensor, state: dict[str, torch.Tensor]):
+        """One word: ``tokens`` (N,) previous words -> ``log_probs`` (N, V), new state, ``{"alpha": (N, L)}``."""
+        embedded = self.embedding(tokens)
+        z, alpha = self.context(state["regions"], state.get("keys"), state["h"])
+        h, c = self.lstm_cell(self.input_gates(embedded), z, state["h"], state["c"])
+        log_probs = torch.log_softmax(self.output_logits(embedded, h, z).float(), dim=-1)
+        return log_probs, {**state, "h": h, "c": c}, {"alpha": alpha}

@@ -1,0 +1,305 @@
+"""The training engine: ``train_one_epoch``, ``validate`` and ``train`` (the whole run, resumable).
+
+A run directory holds ``config.yaml`` (the resolved config), ``last.pt`` and ``best.pt`` (see
+:mod:`captioner.training.checkpoint`), ``metrics.jsonl`` (one JSON object per log line) and the
+wandb folder when wandb is on. ``train(..., resume=True)`` continues from ``last.pt`` exactly where
+an uninterrupted run would be: same data order, same random state, same optimizer state.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import signal
+import time
+from pathlib import Path
+
+import torch
+from torch.utils.data import DataLoader
+from tqdm import tqdm
+
+from captioner.config import save_config
+from captioner.data.dataset import CaptionDataset, EpochSampler, collate, image_transform
+from captioner.data.feature_cache import FeatureCache
+from captioner.data.readers import read_split
+from captioner.data.vocabulary import Vocabulary
+from captioner.errors import CaptionerError
+from captioner.evaluation.caption_metrics import score_captions
+from captioner.evaluation.generate import caption_texts, generate_captions
+from captioner.models.captioner import build_model
+from captioner.training.checkpoint import load_checkpoint, save_checkpoint
+from captioner.training.losses import caption_loss
+from captioner.utils import resolve_device, rng_state, seed_everything, set_rng_state
+
+log = logging.getLogger(__name__)
+
+
+class MetricsLogger:
+    """Appends one JSON object per record to ``metrics.jsonl`` and mirrors it to wandb when enabled."""
+
+    def __init__(self, run_dir: Path, config: dict, wandb_mode: str):
+        self.path = run_dir / "metrics.jsonl"
+        self.wandb = None
+        if wandb_mode != "disabled":
+            import os
+
+            import wandb
+
+            os.environ.setdefault("WANDB_SILENT", "true")
+            self.wandb = wandb.init(project="captioner", dir=str(run_dir), config=config, mode=wandb_mode,
+                                    name=run_dir.name, reinit="finish_previous")
+
+    def log(self, record: dict) -> None:
+        with self.path.open("a") as handle:
+            handle.write(json.dumps(record) + "\n")
+        if self.wandb is not None:
+            self.wandb.log({k: v for k, v in record.items() if isinstance(v, (int, float))}, step=record.get("step"))
+
+    def close(self) -> None:
+        if self.wandb is not None:
+            self.wandb.finish()
+
+
+class GracefulStop:
+    """Turns SIGINT/SIGTERM into a flag the loop checks between steps, so a checkpoint can be saved."""
+
+    def __init__(self):
+        self.requested = False
+        self._previous = {}
+
+    def __enter__(self):
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                self._previous[sig] = signal.signal(sig, self._handle)
+            except ValueError:  # not the main thread: leave signals alone
+                pass
+        return self
+
+    def _handle(self, signum, frame):
+        if self.requested:  # a second signal: stop at once
+            raise KeyboardInterrupt
+        self.requested = True
+        log.warning("stop requested (%s): saving a resumable checkpoint after this step", signal.Signals(signum).name)
+
+    def __exit__(self, *exc):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+def build_datasets(config: dict, train_records, val_records, vocab: Vocabulary, model):
+    """Training pairs and validation images, from cached features or raw images."""
+    data = config["data"]
+    common = {"max_caption_length": data["max_caption_length"], "max_pixels": data["max_pixels"], "strict": data["strict"]}
+    visual = ({"features": FeatureCache(data["features"])} if data["features"]
+              else {"transform": image_transform(model.encoder)})
+    train_set = CaptionDataset(train_records, vocab, pairs=True, **visual, **common)
+    val_set = CaptionDataset(val_records, vocab, pairs=False, **visual, **common)
+    for name, dataset in (("train", train_set), ("val", val_set)):
+        if dataset.missing:
+            log.warning("%s: %d image(s) missing from the feature cache are skipped", name, len(dataset.missing))
+    return train_set, val_set
+
+
+def make_optimizer(model, config: dict) -> torch.optim.Optimizer:
+    train = config["train"]
+    groups = [{"params": [p for p in model.decoder.parameters() if p.requires_grad], "lr": train["lr"]}]
+    encoder_params = [p for p in model.encoder.parameters() if p.requires_grad]
+    if encoder_params and not config["data"]["features"]:
+        groups.append({"params": encoder_params, "lr": train["encoder_lr"]})
+    return torch.optim.Adam(groups, weight_decay=train["weight_decay"])
+
+
+def make_scheduler(optimizer, config: dict) -> torch.optim.lr_scheduler.LRScheduler:
+    """Per-epoch learning-rate schedule: none, step (``lr_gamma`` every ``lr_step_epochs``) or cosine."""
+    train = config["train"]
+    kind, epochs = train["lr_schedule"], train["epochs"]
+    if kind == "none":
+        factor = lambda epoch: 1.0  # noqa: E731
+    elif kind == "step":
+        factor = lambda epoch: train["lr_gamma"] ** (epoch // train["lr_step_epochs"])  # noqa: E731
+    elif kind == "cosine":
+        factor = lambda epoch: 0.5 * (1 + math.cos(math.pi * min(epoch, epochs) / epochs))  # noqa: E731
+    else:
+        raise CaptionerError(f"train.lr_schedule must be none, step or cosine, not {kind!r}")
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def autocast(device: torch.device, enabled: bool):
+    """Mixed precision on CUDA (bf16 where supported, else fp16); a no-op on CPU."""
+    if not enabled or device.type != "cuda":
+        return contextlib.nullcontext()
+    dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.autocast("cuda", dtype=dtype)
+
+
+def validate(model, val_set: CaptionDataset, vocab: Vocabulary, config: dict) -> dict[str, float]:
+    """Decode validation images (beam ``train.val_beam``) and score them: BLEU-1..4, ROUGE-L, CIDEr."""
+    train = config["train"]
+    generations = generate_captions(model, val_set, vocab, beam_size=train["val_beam"],
+                                    max_length=config["decode"]["max_length"], batch_size=train["batch_size"],
+                                    max_images=train["val_max_images"])
+    references = {r.image_id: r.captions for r in val_set.records if r.image_id in generations}
+    return score_captions(references, caption_texts(generations, vocab), java=False)
+
+
+def train_one_epoch(model, loader, optimizer, scaler, config: dict, progress: dict, logger: MetricsLogger,
+                    stop: GracefulStop, save_last) -> bool:
+    """One pass over ``loader``. Returns False when the run was asked to stop part-way."""
+    train, device = config["train"], model.device
+    model.train()
+    words_seen, started = 0, time.perf_counter()
+    bar = tqdm(loader, desc=f"epoch {progress['epoch'] + 1}/{train['epochs']}", unit="batch",
+               initial=progress["batch_in_epoch"], total=progress["batch_in_epoch"] + len(loader), leave=False)
+    for batch in bar:
+        if batch["errors"]:
+            for message in batch["errors"]:
+                log.warning("skipped unreadable image: %s", message)
+                logger.log({"type": "skipped_image", "step": progress["step"], "error": message})
+        if batch["visual"] is None:
+            continue
+        visual = batch["visual"].to(device, non_blocking=True)
+        captions = batch["captions"].to(device, non_blocking=True)
+        with autocast(device, train["amp"]):
+            out = model(visual, captions)
+            losses = caption_loss(out["logits"], captions[:, 1:], out.get("alpha"), config["model"]["doubly_stochastic"])
+        loss = losses["loss"]
+        if not torch.isfinite(loss):
+            raise CaptionerError(f"non-finite loss ({loss.item()}) at step {progress['step'] + 1}, epoch "
+                                 f"{progress['epoch'] + 1}; the last good checkpoint is kept")
+        optimizer.zero_grad(set_to_none=True)
+        scaler.scale(loss).backward()
+        if train["grad_clip"]:
+            scaler.unscale_(optimizer)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), train["grad_clip"])
+        scaler.step(optimizer)
+        scaler.update()
+        progress["step"] += 1
+        progress["batch_in_epoch"] += 1
+        words_seen += int(losses["words"])
+        words_per_s = words_seen / (time.perf_counter() - started)
+        bar.set_postfix(loss=f"{loss.item():.3f}", words_s=f"{words_per_s:.0f}")
+        if progress["step"] % train["log_every"] == 0:
+            record = {"type": "train", "step": progress["step"], "epoch": progress["epoch"] + 1,
+                      "loss": loss.item(), "cross_entropy": losses["cross_entropy"].item(),
+                      "words_per_s": words_per_s, "lr": optimizer.param_groups[0]["lr"]}
+            if "attention" in losses:
+                record["attention_reg"] = losses["attention"].item()
+            logger.log(record)
+        if train["checkpoint_every"] and progress["step"] % train["checkpoint_every"] == 0:
+            save_last()
+        if stop.requested:
+            return False
+    progress["words_per_s"] = words_seen / max(time.perf_counter() - started, 1e-9)
+    return True
+
+
+def train(config: dict, *, resume: bool = False, overwrite: bool = False) -> dict:
+    """Train a model as ``config`` says; returns ``{"best": score, "checkpoint": path, "train_seconds": s, ...}``."""
+    run_dir = Path(config["run"]["out"])
+    last_path, best_path = run_dir / "last.pt", run_dir / "best.pt"
+    if resume and not last_path.exists():
+        raise CaptionerError(f"{last_path}: nothing to resume")
+    if not resume and not overwrite and last_path.exists():
+        raise CaptionerError(f"{run_dir}: already holds a run; pass --resume to continue it or --overwrite to replace it")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if overwrite and not resume:
+        for path in (last_path, best_path, run_dir / "metrics.jsonl"):
+            path.unlink(missing_ok=True)
+    device = resolve_device(config["run"]["device"])
+    seed_everything(config["run"]["seed"])
+
+    checkpoint = load_checkpoint(last_path) if resume else None
+    if checkpoint:
+        config = {**checkpoint["config"], "run": {**checkpoint["config"]["run"], "out": str(run_dir)}}
+    train_records, val_records = read_split(config["data"], "train"), read_split(config["data"], "val")
+    if checkpoint:
+        vocab = Vocabulary.from_dict(checkpoint["vocab"])
+    else:
+        data = config["data"]
+        vocab = Vocabulary.build((c for r in train_records for c in r.captions), data["vocab_min_count"], data["vocab_max_size"])
+    model = build_model(config, len(vocab), pretrained=checkpoint is None)
+    train_set, val_set = build_datasets(config, train_records, val_records, vocab, model)
+    _check_cache_matches(config)
+    model.to(device)
+    optimizer = make_optimizer(model, config)
+    scheduler = make_scheduler(optimizer, config)
+    scaler = torch.amp.GradScaler(device.type, enabled=config["train"]["amp"] and device.type == "cuda"
+                                  and not torch.cuda.is_bf16_supported())
+    progress = {"epoch": 0, "step": 0, "batch_in_epoch": 0, "best": float("-inf"), "stale": 0, "train_seconds": 0.0}
+    if checkpoint:
+        model.load_state_dict(checkpoint["model"])
+        optimizer.load_state_dict(checkpoint["optimizer"])
+        scheduler.load_state_dict(checkpoint["scheduler"])
+        progress.update(checkpoint["progress"])
+        set_rng_state(checkpoint["rng"])
+        log.info("resumed %s at epoch %d, step %d", run_dir, progress["epoch"] + 1, progress["step"])
+    save_config(config, run_dir / "config.yaml")
+
+    def payload() -> dict:
+        return {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                "progress": dict(progress), "rng": rng_state(), "vocab": vocab.to_dict(), "config": config}
+
+    train_cfg = config["train"]
+    sampler = EpochSampler(len(train_set), seed=config["run"]["seed"])
+    logger = MetricsLogger(run_dir, config, train_cfg["wandb"])
+    started = time.perf_counter()
+    seconds_before = progress["train_seconds"]
+
+    def save_last():
+        progress["train_seconds"] = seconds_before + time.perf_counter() - started
+        save_checkpoint(payload(), last_path)
+
+    stopped = False
+    try:
+        with GracefulStop() as stop:
+            while progress["epoch"] < train_cfg["epochs"]:
+                sampler.set_epoch(progress["epoch"], start=progress["batch_in_epoch"] * train_cfg["batch_size"])
+                loader = DataLoader(train_set, batch_size=train_cfg["batch_size"], sampler=sampler, collate_fn=collate,
+                                    num_workers=config["data"]["num_workers"], pin_memory=device.type == "cuda",
+                                    persistent_workers=False)
+                if not train_one_epoch(model, loader, optimizer, scaler, config, progress, logger, stop, save_last):
+                    save_last()
+                    stopped = True
+                    log.warning("saved %s; continue with --resume", last_path)
+                    break
+                scores = validate(model, val_set, vocab, config)
+                progress["epoch"] += 1
+                progress["batch_in_epoch"] = 0
+                scheduler.step()
+                score = scores[train_cfg["metric"]]
+                improved = score > progress["best"]
+                if improved:
+                    progress["best"], progress["stale"] = score, 0
+                else:
+                    progress["stale"] += 1
+                logger.log({"type": "val", "step": progress["step"], "epoch": progress["epoch"],
+                            "words_per_s": progress.get("words_per_s"), **scores})
+                tqdm.write(f"epoch {progress['epoch']}/{train_cfg['epochs']}: "
+                           + " ".join(f"{k} {v:.3f}" for k, v in scores.items())
+                           + f" | {progress.get('words_per_s', 0):.0f} words/s" + (" (best)" if improved else ""))
+                save_last()
+                if improved:
+                    save_checkpoint(payload(), best_path)
+                if train_cfg["early_stopping"] and progress["stale"] >= train_cfg["early_stopping"]:
+                    tqdm.write(f"early stop: no {train_cfg['metric']} gain for {progress['stale']} epochs")
+                    break
+    finally:
+        logger.close()
+    progress["train_seconds"] = seconds_before + time.perf_counter() - started
+    return {"best": progress["best"], "metric": train_cfg["metric"], "epochs": progress["epoch"],
+            "step": progress["step"], "train_seconds": progress["train_seconds"], "stopped": stopped,
+            "checkpoint": str(best_path if best_path.exists() else last_path), "run_dir": str(run_dir),
+            "words_per_s": progress.get("words_per_s")}
+
+
+def _check_cache_matches(config: dict) -> None:
+    """Training from a cache made by another encoder would silently learn from the wrong features."""
+    if not config["data"]["features"]:
+        return
+    cached = FeatureCache(config["data"]["features"]).meta.get("encoder") or {}
+    mismatched = [k for k in ("name", "image_size", "stride", "grid") if k in cached and cached[k] != config["encoder"][k]]
+    if mismatched:
+        raise CaptionerError(f"{config['data']['features']}: cached with another encoder "
+                             f"({', '.join(f'{k}={cached[k]!r}' for k in mismatched)}); match the encoder section or re-cache")

@@ -1,0 +1,149 @@
+"""Vocabulary, config, COCO and Karpathy readers, datasets and the resumable sampler."""
+
+import json
+
+import pytest
+import torch
+
+from captioner.config import DEFAULTS, load_config, parse_override
+from captioner.data.dataset import CaptionDataset, EpochSampler, collate
+from captioner.data.readers import read_coco_captions, read_karpathy, read_split
+from captioner.data.vocabulary import SPECIALS, Vocabulary, tokenize
+from captioner.errors import CaptionerError
+
+
+def test_tokenize_lowercases_and_drops_punctuation():
+    assert tokenize("A dog's ball, on the well-kept lawn!") == ["a", "dog's", "ball", "on", "the", "well-kept", "lawn"]
+    assert tokenize("...!?") == []
+    assert tokenize("Café — naïve_dog") == ["café", "naïve", "dog"]
+
+
+def test_vocabulary_min_count_specials_and_round_trip():
+    vocab = Vocabulary.build(["a red circle", "a red square", "a blue circle", "zebra"], min_count=2)
+    assert vocab.words[:4] == list(SPECIALS)
+    assert set(vocab.words[4:]) == {"a", "red", "circle"}
+    ids = vocab.encode("A red zebra circle", max_length=10)
+    assert ids[0] == vocab.start_index and ids[-1] == vocab.end_index
+    assert vocab.unk_index in ids
+    assert vocab.decode(ids) == "a red <unk> circle"
+    restored = Vocabulary.from_dict(json.loads(json.dumps(vocab.to_dict())))
+    assert restored == vocab and restored.index == vocab.index
+
+
+def test_vocabulary_max_length_and_max_size():
+    vocab = Vocabulary.build(["a b c d e f"] * 3, min_count=1, max_size=6)
+    assert len(vocab) == 6
+    assert len(vocab.encode("a b c d e f", max_length=3)) == 5  # <start> + 3 words + <end>
+
+
+def test_config_overrides_and_unknown_keys(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("model:\n  attention_dim: 64\n")
+    config = load_config(path, ["model.hidden_dim=32", "encoder.grid=[7, 7]", "run.device=cpu"])
+    assert config["model"]["attention_dim"] == 64 and config["model"]["hidden_dim"] == 32
+    assert config["encoder"]["grid"] == [7, 7]
+    assert DEFAULTS["model"]["attention_dim"] == 512  # defaults untouched
+    with pytest.raises(CaptionerError, match="unknown setting 'atention_dim'"):
+        load_config(None, ["model.atention_dim=3"])
+    with pytest.raises(CaptionerError, match="expected section.key=value"):
+        parse_override("model.hidden_dim")
+    path.write_text("model: [unclosed\n")
+    with pytest.raises(CaptionerError, match="invalid YAML"):
+        load_config(path)
+
+
+def write_coco(tmp_path, captions_by_image):
+    images = [{"id": i, "file_name": f"{i}.png", "width": 8, "height": 8} for i in captions_by_image]
+    anns, k = [], 0
+    for image_id, captions in captions_by_image.items():
+        for caption in captions:
+            anns.append({"id": k, "image_id": image_id, "caption": caption})
+            k += 1
+    path = tmp_path / "captions.json"
+    path.write_text(json.dumps({"images": images, "annotations": anns}))
+    return path
+
+
+def test_coco_reader_groups_all_captions(tmp_path):
+    path = write_coco(tmp_path, {7: ["A cat.", "a  small cat"], 3: ["a dog"]})
+    records = read_coco_captions(path, tmp_path / "imgs", "train")
+    assert [r.image_id for r in records] == [3, 7]
+    assert records[1].captions == ["A cat.", "a small cat"]
+    assert records[1].path == tmp_path / "imgs" / "7.png"
+
+
+def test_coco_reader_errors_name_file_and_place(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"images": [,]}')
+    with pytest.raises(CaptionerError, match=r"bad.json: malformed JSON at line 1"):
+        read_coco_captions(bad, tmp_path, "train")
+    path = write_coco(tmp_path, {1: ["!!!"]})
+    with pytest.raises(CaptionerError, match="annotation id 0: caption '!!!' has no words"):
+        read_coco_captions(path, tmp_path, "train")
+    path.write_text(json.dumps({"images": [], "annotations": [{"id": 1, "image_id": 5, "caption": "x"}]}))
+    with pytest.raises(CaptionerError, match="not listed in 'images'"):
+        read_coco_captions(path, tmp_path, "train")
+    path.write_text(json.dumps({"annotations": []}))
+    with pytest.raises(CaptionerError, match="missing key"):
+        read_coco_captions(path, tmp_path, "train")
+
+
+def test_karpathy_reader_restval_joins_train(tmp_path):
+    data = {"images": [
+        {"filepath": "val2014", "filename": "a.jpg", "cocoid": 11, "split": "restval", "sentences": [{"raw": "one"}]},
+        {"filepath": "train2014", "filename": "b.jpg", "cocoid": 12, "split": "train", "sentences": [{"raw": "two"}, {"raw": "Ünïcode ok"}]},
+        {"filepath": "val2014", "filename": "c.jpg", "cocoid": 13, "split": "test", "sentences": [{"raw": "three"}]},
+    ]}
+    path = tmp_path / "dataset_coco.json"
+    path.write_text(json.dumps(data))
+    train = read_karpathy(path, tmp_path, "train")
+    assert [r.image_id for r in train] == [11, 12]
+    assert train[0].path == tmp_path / "val2014" / "a.jpg"
+    assert [r.image_id for r in read_karpathy(path, tmp_path, "test")] == [13]
+    assert read_karpathy(path, tmp_path, "train", restval="val")[0].image_id == 12
+    config = {"format": "karpathy", "karpathy": str(path), "image_root": str(tmp_path), "restval": "train"}
+    with pytest.raises(CaptionerError, match="no images in split 'val'"):
+        read_split(config, "val")
+
+
+class FakeCache:
+    def __init__(self, ids):
+        self.ids, self.folder = set(ids), "cache"
+
+    def __contains__(self, image_id):
+        return image_id in self.ids
+
+    def __getitem__(self, image_id):
+        return torch.full((4, 3), float(image_id))
+
+
+def test_dataset_pairs_and_padding_collate(tmp_path):
+    path = write_coco(tmp_path, {1: ["a b", "a b c d"], 2: ["c"], 3: ["d"]})
+    records = read_coco_captions(path, tmp_path, "train")
+    vocab = Vocabulary.build(["a b c d"], min_count=1)
+    pairs = CaptionDataset(records, vocab, 20, features=FakeCache([1, 2]), pairs=True)
+    assert pairs.missing == [3] and len(pairs) == 3
+    batch = collate([pairs[i] for i in range(len(pairs))])
+    assert batch["visual"].shape == (3, 4, 3)
+    assert batch["lengths"].tolist() == [4, 6, 3]
+    assert batch["captions"][2, 3:].eq(vocab.pad_index).all()
+    images = CaptionDataset(records, vocab, 20, features=FakeCache([1, 2]), pairs=False)
+    assert len(images) == 2 and images[0]["caption"] is None
+
+
+def test_epoch_sampler_is_deterministic_resumable_and_sharded():
+    sampler = EpochSampler(10, seed=3)
+    sampler.set_epoch(2)
+    full = list(sampler)
+    assert sorted(full) == list(range(10))
+    sampler.set_epoch(2, start=4)
+    assert list(sampler) == full[4:]
+    sampler.set_epoch(3)
+    assert list(sampler) != full
+    shards = []
+    for rank in range(3):
+        s = EpochSampler(10, seed=3, rank=rank, world_size=3)
+        s.set_epoch(2)
+        shards.append(list(s))
+    assert all(len(s) == 4 for s in shards)
+    assert set(sum(shards, [])) == set(range(10))
