@@ -38,6 +38,13 @@ def _stack_attention(history: list[dict[str, torch.Tensor]]) -> dict[str, torch.
     return {name: torch.stack([h[name] for h in history], dim=1) for name in history[0]}
 
 
+def _never_emit(log_probs: torch.Tensor, start_index: int, pad_index: int) -> torch.Tensor:
+    """``<start>`` and ``<pad>`` are never words of a caption: give them zero probability."""
+    log_probs = log_probs.clone()
+    log_probs[:, [start_index, pad_index]] = float("-inf")
+    return log_probs
+
+
 def _generations(tokens: torch.Tensor, log_probs: torch.Tensor, attention: dict[str, torch.Tensor],
                  end_index: int) -> list[Generation]:
     """Cut each row of ``tokens`` (B, T) at its first ``<end>``."""
@@ -52,7 +59,7 @@ def _generations(tokens: torch.Tensor, log_probs: torch.Tensor, attention: dict[
 
 @torch.inference_mode()
 def greedy(decoder, features: torch.Tensor, *, max_length: int, start_index: int, end_index: int,
-           temperature: float = 0.0, generator: torch.Generator | None = None) -> list[Generation]:
+           temperature: float = 0.0, generator: torch.Generator | None = None, pad_index: int = 0) -> list[Generation]:
     """Most likely word at every step (``temperature=0``), or sampled from ``softmax(logits / temperature)``.
 
     ``features`` (B, L, D). Every image stops at its own ``<end>``; the batch stops when all have.
@@ -65,6 +72,7 @@ def greedy(decoder, features: torch.Tensor, *, max_length: int, start_index: int
     emitted, history = [], []
     for _ in range(max_length):
         log_probs, state, attention = decoder.step(tokens, state)
+        log_probs = _never_emit(log_probs, start_index, pad_index)
         if temperature > 0:
             probs = torch.softmax(log_probs / temperature, dim=-1)
             tokens = torch.multinomial(probs, 1, generator=generator).squeeze(1)
@@ -90,7 +98,7 @@ def sample(decoder, features: torch.Tensor, *, max_length: int, start_index: int
 
 @torch.inference_mode()
 def beam_search(decoder, features: torch.Tensor, *, beam_size: int, max_length: int, start_index: int,
-                end_index: int, length_penalty: float = 0.0) -> list[Generation]:
+                end_index: int, length_penalty: float = 0.0, pad_index: int = 0) -> list[Generation]:
     """Batched beam search over all images at once: ``features`` (B, L, D) -> B generations.
 
     The B*k hypotheses advance together in one ``step`` call per word. A hypothesis that emitted
@@ -112,6 +120,7 @@ def beam_search(decoder, features: torch.Tensor, *, beam_size: int, max_length: 
     base = (torch.arange(batch, device=device) * k).unsqueeze(1)   # (B, 1) offset of each image's beams
     for _ in range(max_length):
         log_probs, state, attention = decoder.step(tokens, state)
+        log_probs = _never_emit(log_probs, start_index, pad_index)
         vocab = log_probs.shape[1]
         # A finished hypothesis may only be extended by <end> at no cost, so it carries its score along.
         frozen = torch.full_like(log_probs, float("-inf"))

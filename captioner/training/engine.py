@@ -212,7 +212,11 @@ def train(config: dict, *, resume: bool = False, overwrite: bool = False) -> dic
 
     checkpoint = load_checkpoint(last_path) if resume else None
     if checkpoint:
-        config = {**checkpoint["config"], "run": {**checkpoint["config"]["run"], "out": str(run_dir)}}
+        for section in ("model", "encoder"):
+            if checkpoint["config"][section] != config[section]:
+                changed = sorted(k for k in config[section] if config[section][k] != checkpoint["config"][section].get(k))
+                raise CaptionerError(f"{last_path}: cannot resume with a different {section} section "
+                                     f"(changed: {', '.join(changed)})")
     train_records, val_records = read_split(config["data"], "train"), read_split(config["data"], "val")
     if checkpoint:
         vocab = Vocabulary.from_dict(checkpoint["vocab"])
@@ -258,7 +262,7 @@ def train(config: dict, *, resume: bool = False, overwrite: bool = False) -> dic
                 sampler.set_epoch(progress["epoch"], start=progress["batch_in_epoch"] * train_cfg["batch_size"])
                 loader = DataLoader(train_set, batch_size=train_cfg["batch_size"], sampler=sampler, collate_fn=collate,
                                     num_workers=config["data"]["num_workers"], pin_memory=device.type == "cuda",
-                                    persistent_workers=False)
+                                    generator=torch.Generator())  # keeps the global random state untouched
                 if not train_one_epoch(model, loader, optimizer, scaler, config, progress, logger, stop, save_last):
                     save_last()
                     stopped = True

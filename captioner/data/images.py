@@ -1,0 +1,175 @@
+"""Load any image file as a fully decoded RGB :class:`PIL.Image.Image`, or fail with one clear line.
+
+:func:`load_image` turns every way a file can be unusable (missing, empty, not an image, truncated,
+corrupt, too large) into an :class:`~captioner.errors.ImageError` whose message starts with the path.
+Images it accepts come back in mode ``"RGB"``, rotated as their EXIF orientation tag says, with
+transparent pixels composited on white and high bit depth data (16-bit, 32-bit int, float) scaled
+to 8 bits.
+
+PIL's process-wide settings are left as the caller set them. Two are overridden for the duration of
+one call, under a lock, and only when they would get in the way: ``Image.MAX_IMAGE_PIXELS`` is raised
+to ``max_pixels`` when the caller asks for a larger limit than PIL's own, and
+``ImageFile.LOAD_TRUNCATED_IMAGES`` is switched off when something else switched it on (a truncated
+file must raise, not come back padded with grey).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+import struct
+import threading
+from collections.abc import Iterator
+
+import numpy as np
+from PIL import Image, ImageFile, ImageOps, UnidentifiedImageError
+
+from captioner.errors import ImageError
+
+DEFAULT_MAX_PIXELS = 64_000_000
+"""Largest ``width * height`` :func:`load_image` accepts unless told otherwise (64 megapixels)."""
+
+_WHITE = (255, 255, 255)
+_PIL_SETTINGS_LOCK = threading.Lock()
+# What PIL's decoders raise for corrupt or truncated data, besides DecompressionBombError.
+_DECODE_ERRORS = (OSError, SyntaxError, ValueError, EOFError, struct.error)
+
+
+def load_image(path: str | os.PathLike[str], *, max_pixels: int = DEFAULT_MAX_PIXELS) -> Image.Image:
+    """Read and fully decode the image at ``path``; return it in mode ``"RGB"``.
+
+    Args:
+        path: the image file (any format PIL reads; only the first frame of animations is used).
+        max_pixels: refuse images whose ``width * height`` exceeds this, judged from the header
+            before any pixel data is decoded (decompression bomb protection).
+
+    Returns:
+        A new RGB image, independent of the file (which is closed), of size ``(width, height)``
+        after EXIF orientation: orientations 5-8 swap width and height.
+
+    Raises:
+        ImageError: ``"<path>: <reason>"`` when the file is missing, empty, not an image, truncated
+            or corrupt, or larger than ``max_pixels``.
+    """
+    name = os.fspath(path)
+    _check_file(name)
+    with _strict_pil_settings(max_pixels):
+        try:
+            with Image.open(name) as image:
+                width, height = image.size
+                if width * height > max_pixels:
+                    raise ImageError(
+                        f"{name}: image is {width}x{height} = {width * height} pixels, over the limit of "
+                        f"{max_pixels} pixels (decompression bomb protection); raise it with "
+                        f"load_image(..., max_pixels=N) or the data.max_pixels config setting")
+                image.load()
+                oriented = _exif_oriented(image)
+        except UnidentifiedImageError:
+            raise ImageError(f"{name}: not an image file PIL can read") from None
+        except Image.DecompressionBombError as error:
+            raise ImageError(f"{name}: image is over the limit of {max_pixels} pixels (PIL: {_one_line(error)}); "
+                             f"raise it with load_image(..., max_pixels=N) or the data.max_pixels config setting"
+                             ) from None
+        except PermissionError:
+            raise ImageError(f"{name}: permission denied") from None
+        except _DECODE_ERRORS as error:
+            raise ImageError(f"{name}: cannot decode the image data, the file is truncated or corrupt "
+                             f"({_one_line(error)})") from None
+    try:
+        return to_rgb(oriented)
+    except ValueError as error:
+        raise ImageError(f"{name}: cannot convert a mode {oriented.mode} image to RGB ({_one_line(error)})") from None
+
+
+def to_rgb(image: Image.Image) -> Image.Image:
+    """Convert a decoded image of any PIL mode to ``"RGB"``.
+
+    Transparency (an alpha band, or a ``"transparency"`` entry from a palette or PNG tRNS chunk) is
+    composited on white. High bit depth modes (``"I;16*"``, ``"I"``, ``"F"``) are scaled to 8 bits
+    as :func:`_high_bit_depth_to_l` describes, not clipped. Raises ``ValueError`` for the few modes
+    PIL cannot convert (e.g. ``"La"``).
+    """
+    if image.mode.startswith("I") or image.mode == "F":
+        image = _high_bit_depth_to_l(image)
+    if image.has_transparency_data:
+        rgba = image.convert("RGBA")
+        background = Image.new("RGBA", rgba.size, _WHITE + (255,))
+        return Image.alpha_composite(background, rgba).convert("RGB")
+    return image.convert("RGB")
+
+
+def _high_bit_depth_to_l(image: Image.Image) -> Image.Image:
+    """Scale a single-band ``"I;16*"``, ``"I"`` or ``"F"`` image to an 8-bit ``"L"`` image.
+
+    * ``"I;16"``, ``"I;16B"``, ``"I;16L"`` and ``"I"`` with values in 0..65535 (how PIL opens 16-bit
+      PNG and TIFF files): ``v / 257``, so 0 -> 0 and 65535 -> 255.
+    * ``"F"`` with values in [0, 1]: ``v * 255``; with values in [0, 255]: unchanged.
+    * Anything else (negative values, larger ranges): stretched linearly from its min..max to 0..255.
+      NaN counts as 0 and infinities as the largest finite values.
+    """
+    values = np.nan_to_num(np.asarray(image, dtype=np.float64), nan=0.0)
+    low, high = (float(values.min()), float(values.max())) if values.size else (0.0, 0.0)
+    if image.mode.startswith("I") and low >= 0 and high <= 65535:
+        scaled = values / 257.0
+    elif image.mode == "F" and low >= 0 and high <= 1:
+        scaled = values * 255.0
+    elif image.mode == "F" and low >= 0 and high <= 255:
+        scaled = values
+    elif high > low:
+        scaled = (values - low) * (255.0 / (high - low))
+    else:
+        scaled = np.zeros_like(values)
+    return Image.fromarray(np.clip(np.rint(scaled), 0, 255).astype(np.uint8))
+
+
+def _check_file(name: str) -> None:
+    """Raise :class:`ImageError` for a path that is missing, not a regular file, or empty."""
+    try:
+        info = os.stat(name)
+    except FileNotFoundError:
+        raise ImageError(f"{name}: file not found") from None
+    except OSError as error:
+        raise ImageError(f"{name}: cannot read the file ({error.strerror or error})") from None
+    if stat.S_ISDIR(info.st_mode):
+        raise ImageError(f"{name}: is a directory, not an image file")
+    if info.st_size == 0:
+        raise ImageError(f"{name}: file is empty (0 bytes)")
+
+
+def _exif_oriented(image: Image.Image) -> Image.Image:
+    """A copy of ``image`` rotated/flipped as its EXIF orientation tag says (a plain copy without one)."""
+    try:
+        return ImageOps.exif_transpose(image)
+    except (SyntaxError, ValueError, TypeError, KeyError, struct.error):
+        # Unparseable EXIF metadata: the pixels are fine, so keep them as stored.
+        return image.copy()
+
+
+@contextlib.contextmanager
+def _strict_pil_settings(max_pixels: int) -> Iterator[None]:
+    """Within the block, let PIL open images up to ``max_pixels`` and refuse truncated files.
+
+    Nothing changes (and no lock is taken) when PIL's settings already allow that. Otherwise the
+    settings are changed under a lock for the block only and restored afterwards, so concurrent
+    :func:`load_image` calls never see each other's values.
+    """
+    pil_limit = Image.MAX_IMAGE_PIXELS
+    raise_limit = pil_limit is not None and max_pixels > pil_limit
+    if not raise_limit and not ImageFile.LOAD_TRUNCATED_IMAGES:
+        yield
+        return
+    with _PIL_SETTINGS_LOCK:
+        saved_limit, saved_truncated = Image.MAX_IMAGE_PIXELS, ImageFile.LOAD_TRUNCATED_IMAGES
+        if saved_limit is not None and max_pixels > saved_limit:
+            Image.MAX_IMAGE_PIXELS = max_pixels
+        ImageFile.LOAD_TRUNCATED_IMAGES = False
+        try:
+            yield
+        finally:
+            Image.MAX_IMAGE_PIXELS, ImageFile.LOAD_TRUNCATED_IMAGES = saved_limit, saved_truncated
+
+
+def _one_line(error: BaseException) -> str:
+    """``str(error)`` with runs of whitespace (newlines included) collapsed to single spaces."""
+    return " ".join(str(error).split()) or type(error).__name__

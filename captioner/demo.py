@@ -1,0 +1,132 @@
+"""The main job (``make demo``): shapes data -> cached features -> train each demo run -> test scores -> figures.
+
+Runs ``configs/demo_{name}.yaml`` for each name in ``DEMO_RUNS`` with the same seed and budget,
+evaluates each on the held-out test split with beam 3, captions a few test images with attention
+figures, and writes ``{out}/summary.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from captioner.config import load_config
+from captioner.errors import CaptionerError
+
+DEMO_RUNS = ("soft", "none")
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+FIGURE_IMAGES = 4
+SUMMARY_KEYS = ("BLEU-4", "CIDEr", "METEOR", "object_precision", "relation_accuracy")
+
+
+def _data_overrides(data_dir: Path, features: Path) -> list[str]:
+    splits = ("train", "val", "test")
+    captions = {s: str(data_dir / "annotations" / f"captions_{s}.json") for s in splits}
+    instances = {s: str(data_dir / "annotations" / f"instances_{s}.json") for s in splits}
+    images = {s: str(data_dir / "images") for s in splits}
+    return [f"data.captions={json.dumps(captions)}", f"data.instances={json.dumps(instances)}",
+            f"data.images={json.dumps(images)}", f"data.features={features}"]
+
+
+# A smoke-sized run: the same pipeline end to end in seconds (used by the tests, `captioner demo --fast`).
+FAST_OVERRIDES = ["train.epochs=1", "model.hidden_dim=32", "model.attention_dim=16", "model.embed_dim=16",
+                  "train.val_max_images=16", "encoder.pretrained=false"]
+
+
+def ensure_shapes(data_dir: Path, num_images: int, seed: int = 0) -> None:
+    """Generate the shapes data unless ``data_dir`` already holds the same (seed, size) set."""
+    from captioner.data.shapes import generate_shapes
+
+    marker = data_dir / "annotations" / "captions_test.json"
+    if marker.exists():
+        info = json.loads(marker.read_text()).get("info", {})
+        if info.get("seed") == seed and info.get("num_images") == num_images:
+            print(f"shapes data: reusing {data_dir}")
+            return
+    started = time.perf_counter()
+    generate_shapes(data_dir, seed=seed, num_images=num_images)
+    print(f"shapes data: {num_images} images in {time.perf_counter() - started:.1f} s -> {data_dir}")
+
+
+def cache_demo_features(config: dict) -> float:
+    """Cache the frozen encoder's features for every split; returns the seconds spent."""
+    from captioner.data.dataset import image_transform
+    from captioner.data.feature_cache import build_feature_cache
+    from captioner.data.readers import read_split
+    from captioner.models.encoder import EncoderConfig, build_encoder
+    from captioner.utils import resolve_device
+
+    started = time.perf_counter()
+    records = [r for split in ("train", "val", "test") for r in read_split(config["data"], split)]
+    encoder = build_encoder(EncoderConfig(**config["encoder"])).to(resolve_device(config["run"]["device"]))
+    result = build_feature_cache(encoder, records, config["data"]["features"], transform=image_transform(encoder),
+                                 batch_size=64, encoder_config=config["encoder"])
+    if result["failed"]:
+        raise CaptionerError(f"{config['data']['features']}: {len(result['failed'])} demo image(s) unreadable")
+    return time.perf_counter() - started
+
+
+def demo_figures(checkpoint: Path, config: dict, out_dir: Path, count: int) -> list[str]:
+    """Caption the first ``count`` test images and draw their attention figures."""
+    from captioner.data.images import load_image
+    from captioner.data.readers import read_split
+    from captioner.inference import attention_maps, caption_files
+    from captioner.training.checkpoint import load_model
+    from captioner.visualisation.attention_figure import draw_attention_figure
+
+    model, vocab, _, _ = load_model(checkpoint)
+    records = read_split(config["data"], "test")[:count]
+    results = caption_files(model, vocab, [r.path for r in records], beam_size=3, max_length=config["decode"]["max_length"])
+    paths = []
+    for record, result in zip(records, results):
+        path = out_dir / f"attention_{record.image_id}.png"
+        chosen = attention_maps(result.generation, model.encoder.grid, "chosen")
+        draw_attention_figure(load_image(record.path), result.words,
+                              attention_maps(result.generation, model.encoder.grid).numpy(), path,
+                              chosen=None if chosen is None else chosen.numpy(), title=result.caption)
+        print(f"  {record.path.name}: {result.caption}")
+        paths.append(str(path))
+    return paths
+
+
+def run_demo(out: Path, data_dir: Path, fast: bool = False, runs: tuple[str, ...] = DEMO_RUNS) -> dict:
+    """The whole main job; returns (and writes) the summary."""
+    from captioner.evaluation.evaluate import evaluate_checkpoint
+    from captioner.training.engine import train
+
+    started = time.perf_counter()
+    out.mkdir(parents=True, exist_ok=True)
+    ensure_shapes(data_dir, num_images=150 if fast else 3000)
+    common = _data_overrides(data_dir, out / "features") + (FAST_OVERRIDES if fast else [])
+    configs = {name: load_config(CONFIG_DIR / f"demo_{name}.yaml", common + [f"run.out={out / name}"]) for name in runs}
+    feature_seconds = cache_demo_features(configs[runs[0]])
+    print(f"features cached in {feature_seconds:.1f} s")
+    summary: dict = {"runs": {}, "figures": [], "feature_seconds": round(feature_seconds, 1)}
+    for name, config in configs.items():
+        print(f"\n== training '{name}' ({config['model']['attention']} attention) ==")
+        result = train(config, overwrite=True)
+        scores = evaluate_checkpoint(result["checkpoint"], "test", beam_size=3, out_dir=out / name, progress=False)
+        summary["runs"][name] = {**{k: scores.get(k) for k in SUMMARY_KEYS}, "ROUGE-L": scores.get("ROUGE-L"),
+                                 "BLEU-1": scores.get("BLEU-1"), "train_seconds": round(result["train_seconds"], 1),
+                                 "words_per_s": round(result["words_per_s"] or 0), "epochs": result["epochs"],
+                                 "checkpoint": result["checkpoint"]}
+    print("\n== captions and attention figures (soft) ==")
+    figure_dir = out / "figures"
+    summary["figures"] = demo_figures(Path(summary["runs"][runs[0]]["checkpoint"]), configs[runs[0]], figure_dir,
+                                      FIGURE_IMAGES)
+    summary["total_seconds"] = round(time.perf_counter() - started, 1)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    print_summary(summary)
+    print(f"\nwrote {out / 'summary.json'}")
+    return summary
+
+
+def print_summary(summary: dict) -> None:
+    columns = ("BLEU-1", "BLEU-4", "METEOR", "ROUGE-L", "CIDEr", "object_precision", "relation_accuracy", "train_seconds")
+    print("\n" + "run".ljust(12) + "".join(c.rjust(19) for c in columns))
+    for name, row in summary["runs"].items():
+        cells = "".join(("-" if row.get(c) is None else f"{row[c]:.3f}" if c != "train_seconds" else f"{row[c]:.0f}").rjust(19)
+                        for c in columns)
+        print(name.ljust(12) + cells)
+    print(f"total {summary['total_seconds']:.0f} s (features {summary['feature_seconds']:.0f} s)")

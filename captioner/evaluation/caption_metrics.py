@@ -1,0 +1,226 @@
+"""Corpus-level caption metrics (BLEU-1..4, METEOR, ROUGE-L, CIDEr, optionally SPICE) and COCO results files.
+
+The scores are those of the COCO caption evaluation code (the ``pycocoevalcap`` package): captions
+are tokenized by its Stanford PTB tokenizer (lower-cased, punctuation dropped), then scored by its
+``Bleu(4)``, ``Meteor``, ``Rouge`` and ``Cider`` scorers. Two Java programs run as subprocesses, both
+shipped inside the ``pycocoevalcap`` wheel, so nothing is downloaded:
+
+* the tokenizer (``tokenizer/stanford-corenlp-3.4.1.jar``), run here with the same class, flags and
+  punctuation list as ``pycocoevalcap.tokenizer.ptbtokenizer.PTBTokenizer``, but fed through a pipe
+  instead of a temporary file written next to the jar (which fails when site-packages is read-only);
+* METEOR 1.5 (``meteor/meteor-1.5.jar`` with its English paraphrase table), through
+  ``pycocoevalcap``'s own client; its Java process is always closed before :func:`score_captions`
+  returns.
+
+SPICE needs the Stanford CoreNLP 3.6.0 jars, which ``pycocoevalcap`` downloads on first use. This
+module never downloads them: when they are absent (or SPICE fails) SPICE is skipped with a warning
+in the log.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+
+from pycocoevalcap.bleu.bleu import Bleu
+from pycocoevalcap.cider.cider import Cider
+from pycocoevalcap.meteor import meteor as meteor_module
+from pycocoevalcap.rouge.rouge import Rouge
+from pycocoevalcap.tokenizer import ptbtokenizer
+
+from captioner.data.vocabulary import tokenize
+from captioner.errors import CaptionerError
+
+log = logging.getLogger(__name__)
+
+METRICS = ("BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "METEOR", "ROUGE-L", "CIDEr")
+"""The keys of :func:`score_captions`'s result (plus ``"SPICE"`` when it was requested and could run)."""
+
+_SPECIAL_TOKENS = re.compile(r"<(?:start|end|pad)>")
+_TOKENIZER_JAR = Path(ptbtokenizer.__file__).with_name(ptbtokenizer.STANFORD_CORENLP_3_4_1_JAR)
+_METEOR_JAR = Path(meteor_module.__file__).with_name(meteor_module.METEOR_JAR)
+_SPICE_DIR = Path(meteor_module.__file__).parent.parent / "spice"
+_SPICE_CORENLP_JARS = ("stanford-corenlp-3.6.0.jar", "stanford-corenlp-3.6.0-models.jar")
+_METEOR_CLOSE_TIMEOUT_S = 10
+
+
+def score_captions(references: Mapping[int, list[str]], candidates: Mapping[int, str], *,
+                   spice: bool = False, java: bool = True) -> dict[str, float]:
+    """Corpus-level scores of ``candidates`` against ``references``, COCO caption evaluation style.
+
+    Args:
+        references: image id -> its reference captions (plain text, at least one per candidate image).
+            Images without a candidate are ignored.
+        candidates: image id -> the generated caption (plain text). ``<start>``, ``<end>`` and
+            ``<pad>`` tokens are removed from both candidates and references before scoring.
+        spice: also compute SPICE when its Stanford CoreNLP jars are installed; otherwise log why not.
+        java: ``False`` for a quick in-process score during training: captions are split by
+            :func:`captioner.data.vocabulary.tokenize` instead of the PTB tokenizer and METEOR is left
+            out (BLEU, ROUGE-L and CIDEr only). Reported results always use ``java=True``.
+
+    Returns:
+        ``{"BLEU-1": .., "BLEU-2": .., "BLEU-3": .., "BLEU-4": .., "METEOR": .., "ROUGE-L": .., "CIDEr": ..}``
+        (plus ``"SPICE"``), each a float; all but CIDEr lie in [0, 1].
+
+    Raises:
+        ValueError: no candidates, or a candidate image without references.
+        CaptionerError: Java is not installed, or one of the Java scorers failed.
+    """
+    image_ids = sorted(candidates)
+    if not image_ids:
+        raise ValueError("no candidate captions to score")
+    for image_id in image_ids:
+        if not references.get(image_id):
+            raise ValueError(f"image id {image_id} has a candidate caption but no reference captions")
+    reference_texts = [_strip_special_tokens(text) for image_id in image_ids for text in references[image_id]]
+    candidate_texts = [_strip_special_tokens(candidates[image_id]) for image_id in image_ids]
+    if java:
+        java_path = _find_java()
+        tokenized = iter(ptb_tokenize(reference_texts + candidate_texts, java=java_path))
+    else:
+        tokenized = iter(" ".join(tokenize(text)) for text in reference_texts + candidate_texts)
+    gts = {image_id: [next(tokenized) for _ in references[image_id]] for image_id in image_ids}
+    res = {image_id: [next(tokenized)] for image_id in image_ids}
+
+    bleu, _ = Bleu(4).compute_score(gts, res, verbose=0)
+    scores = {f"BLEU-{n}": float(value) for n, value in enumerate(bleu, start=1)}
+    if java:
+        scores["METEOR"] = _meteor_score(gts, res, java_path)
+    scores["ROUGE-L"] = float(Rouge().compute_score(gts, res)[0])
+    scores["CIDEr"] = float(Cider().compute_score(gts, res)[0])
+    if spice:
+        spice_score = _spice_score(gts, res)
+        if spice_score is not None:
+            scores["SPICE"] = spice_score
+    return scores
+
+
+def write_coco_results(candidates: Mapping[int, str], path: str | os.PathLike[str]) -> None:
+    """Write ``candidates`` as a COCO results file: ``[{"image_id": int, "caption": str}, ...]`` by image id."""
+    results = [{"image_id": int(image_id), "caption": str(candidates[image_id])} for image_id in sorted(candidates)]
+    Path(path).write_text(json.dumps(results, ensure_ascii=False), encoding="utf-8")
+
+
+def ptb_tokenize(texts: list[str], *, java: str | None = None) -> list[str]:
+    """Tokenize ``texts`` as ``pycocoevalcap``'s PTBTokenizer does: one Java run for all of them.
+
+    Each text comes back lower-cased, split into PTB tokens joined by single spaces, with the tokens
+    in ``PTBTokenizer``'s punctuation list removed. Line breaks inside a text are treated as spaces.
+    """
+    if not texts:
+        return []
+    java = java or _find_java()
+    lines = [" ".join(text.split()) for text in texts]
+    command = [java, "-cp", str(_TOKENIZER_JAR), "edu.stanford.nlp.process.PTBTokenizer",
+               "-preserveLines", "-lowerCase", "-encoding", "utf-8"]
+    process = subprocess.run(command, input="\n".join(lines).encode("utf-8"), capture_output=True, check=False)
+    output = process.stdout.decode("utf-8").split("\n")
+    if process.returncode != 0 or len(output) != len(lines):
+        detail = _last_line(process.stderr.decode("utf-8", errors="replace"))
+        raise CaptionerError(f"{_TOKENIZER_JAR}: the PTB tokenizer failed (exit status {process.returncode}, "
+                             f"{len(output)} lines out for {len(lines)} in): {detail}")
+    return [" ".join(token for token in line.split() if token not in ptbtokenizer.PUNCTUATIONS)
+            for line in output]
+
+
+def _strip_special_tokens(text: str) -> str:
+    """``text`` without ``<start>``, ``<end>`` and ``<pad>``, its whitespace collapsed to single spaces."""
+    return " ".join(_SPECIAL_TOKENS.sub(" ", text).split())
+
+
+def _find_java() -> str:
+    """The path of the ``java`` executable, or a :class:`CaptionerError` saying it is needed."""
+    java = shutil.which("java")
+    if java is None:
+        raise CaptionerError("java: not found on PATH; caption metrics need Java 8 or newer for the PTB tokenizer "
+                             "and METEOR (e.g. `apt-get install default-jre-headless`)")
+    return java
+
+
+class _MeteorProcess(meteor_module.Meteor):
+    """``pycocoevalcap``'s METEOR client, started with an explicit ``java`` and with a :meth:`close`.
+
+    The parent class keeps its Java process open for the object's lifetime and only stops it in
+    ``__del__`` (which deadlocks if a scoring call failed while holding its lock). Here the process is
+    stopped by :meth:`close`, which is idempotent and lock-free, and its stderr goes to a temporary
+    file (read for the error message) rather than to a pipe nobody drains.
+    """
+
+    def __init__(self, java: str):
+        self.meteor_cmd = [java, "-jar", "-Xmx2G", _METEOR_JAR.name, "-", "-", "-stdio", "-l", "en", "-norm"]
+        self.stderr_file = tempfile.TemporaryFile()
+        self.meteor_p = subprocess.Popen(self.meteor_cmd, cwd=_METEOR_JAR.parent, stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, stderr=self.stderr_file)
+        self.lock = threading.Lock()
+
+    def stderr_tail(self) -> str:
+        """The last non-empty line the Java process wrote to stderr so far."""
+        self.stderr_file.seek(0)
+        return _last_line(self.stderr_file.read().decode("utf-8", errors="replace"))
+
+    def close(self) -> None:
+        """Stop the Java process (end of input, then kill if it lingers) and release its pipes."""
+        process = self.meteor_p
+        if process.poll() is None:
+            try:
+                process.stdin.close()
+                process.wait(timeout=_METEOR_CLOSE_TIMEOUT_S)
+            except (OSError, subprocess.TimeoutExpired):
+                process.kill()
+                process.wait()
+        for stream in (process.stdin, process.stdout, self.stderr_file):
+            stream.close()
+
+    def __del__(self):
+        if hasattr(self, "meteor_p"):  # __init__ got as far as starting the process
+            self.close()
+
+
+def _meteor_score(gts: dict[int, list[str]], res: dict[int, list[str]], java: str) -> float:
+    """Corpus METEOR 1.5 of tokenized ``res`` against ``gts``; the Java process is closed on return."""
+    # "|||" separates fields in METEOR's line protocol; pycocoevalcap only removes it from hypotheses.
+    gts = {image_id: [text.replace("|||", " ") for text in texts] for image_id, texts in gts.items()}
+    meteor = _MeteorProcess(java)
+    try:
+        score, _ = meteor.compute_score(gts, res)
+    except (OSError, ValueError) as error:
+        raise CaptionerError(f"{_METEOR_JAR}: METEOR failed ({error}): {meteor.stderr_tail()}") from None
+    finally:
+        meteor.close()
+    return float(score)
+
+
+def _spice_score(gts: dict[int, list[str]], res: dict[int, list[str]]) -> float | None:
+    """Corpus SPICE by ``pycocoevalcap``'s scorer, or ``None`` (with a logged warning saying why) when it cannot run.
+
+    ``pycocoevalcap`` would download Stanford CoreNLP on first use; this function checks for the jars
+    first and never starts that download.
+    """
+    missing = [name for name in _SPICE_CORENLP_JARS if not (_SPICE_DIR / "lib" / name).exists()]
+    if missing:
+        log.warning("SPICE skipped: %s missing from %s (pycocoevalcap would download Stanford CoreNLP 3.6.0; "
+                    "this code never downloads, so put the jars there by hand to enable SPICE)",
+                    " and ".join(missing), _SPICE_DIR / "lib")
+        return None
+    from pycocoevalcap.spice.spice import Spice
+
+    try:
+        score, _ = Spice().compute_score(gts, res)
+    except (OSError, subprocess.CalledProcessError) as error:
+        log.warning("SPICE skipped: %s failed: %s", _SPICE_DIR / "spice-1.0.jar", error)
+        return None
+    return float(score)
+
+
+def _last_line(text: str) -> str:
+    """The last non-blank line of ``text`` (a subprocess's stderr), stripped."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else "no error output"

@@ -1,0 +1,209 @@
+"""Paper-style attention figures (Xu et al. 2015, figures 2 and 3) and attention map upsampling.
+
+:func:`draw_attention_figure` shows the image, then one panel per generated word in which the image
+is dimmed except where the decoder attended. :func:`upsample_attention` turns one ``(gh, gw)`` map
+over the encoder grid into an ``(H, W)`` map over the image; it is also what grounding measures use.
+
+Figures are drawn on a bare :class:`matplotlib.figure.Figure` with the Agg canvas: nothing goes
+through ``pyplot``, so no backend is switched, no window opens and no figure stays registered.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch, Rectangle
+from PIL import Image
+
+from captioner.data.images import to_rgb
+BLUR_SIGMA_PER_CELL = 0.3
+"""Standard deviation of the smoothing blur, as a fraction of one grid cell (per axis)."""
+DIMMED_BRIGHTNESS = 0.2
+"""Brightness of the image where a word's attention is zero (1.0 where it is the panel's maximum)."""
+DISPLAY_MAX_SIDE = 480
+"""Panels show the image resampled so that its longer side has at most this many pixels."""
+PANEL_INCHES = 2.4
+"""Longer side of one panel, in inches (at 100 dpi)."""
+CHOSEN_COLOR = "#ff3b30"
+BOX_COLOR = "#00e5ff"
+
+Box = tuple[float, float, float, float]
+
+
+def upsample_attention(attention_map: np.ndarray, size: tuple[int, int], smooth: bool = True) -> np.ndarray:
+    """Upsample one attention map over the encoder grid to the image's pixels.
+
+    Grid cell ``(i, j)`` covers the pixels ``[i * H / gh, (i + 1) * H / gh) x [j * W / gw, (j + 1) * W / gw)``,
+    so any grid size and aspect ratio maps onto any image size.
+
+    Args:
+        attention_map: ``(gh, gw)`` non-negative weights (negative values count as 0).
+        size: ``(H, W)`` of the image.
+        smooth: bilinear interpolation between cell centres followed by a gaussian blur whose
+            standard deviation is :data:`BLUR_SIGMA_PER_CELL` cells along each axis; ``False``
+            gives nearest-neighbour blocks, each cell's value over exactly its own pixels.
+
+    Returns:
+        ``(H, W)`` float64 map, non-negative, with the same total as the input (after clipping
+        negatives): a map summing to 1 over the grid sums to 1 over the image, i.e. it becomes a
+        distribution over pixels. An all-zero map stays all zero. For a one-hot map the maximum lies
+        inside the pixels of the hot cell.
+    """
+    weights = np.asarray(attention_map, dtype=np.float64)
+    if weights.ndim != 2 or weights.size == 0:
+        raise ValueError(f"attention map must be a non-empty (gh, gw) array, got shape {weights.shape}")
+    if not np.all(np.isfinite(weights)):
+        raise ValueError("attention map contains NaN or infinite values")
+    height, width = (int(side) for side in size)
+    if height < 1 or width < 1:
+        raise ValueError(f"size must be (H, W) with H, W >= 1, got {size}")
+    weights = np.clip(weights, 0.0, None)
+    total = weights.sum()
+    rows = _axis_operator(weights.shape[0], height, smooth)
+    columns = _axis_operator(weights.shape[1], width, smooth)
+    upsampled = np.clip(rows @ weights @ columns.T, 0.0, None)
+    upsampled_total = upsampled.sum()
+    if upsampled_total <= 0:
+        return np.zeros((height, width))
+    return upsampled * (total / upsampled_total)
+
+
+def draw_attention_figure(image: Image.Image, words: Sequence[str], attention: np.ndarray,
+                          out_path: str | os.PathLike[str], *, chosen: np.ndarray | None = None,
+                          boxes: Sequence[Sequence[Box]] | None = None, columns: int = 5, smooth: bool = True,
+                          title: str | None = None) -> Path:
+    """Draw the image and one attention panel per word; save it as a PNG at ``out_path``.
+
+    Each word's panel shows the image dimmed to :data:`DIMMED_BRIGHTNESS` where the word's attention
+    is zero and at full brightness where it peaks (each panel is scaled to its own maximum), with the
+    word as the panel's title.
+
+    Args:
+        image: the captioned image, any size, aspect ratio and mode.
+        words: the ``T`` generated words, in order.
+        attention: ``(T, gh, gw)`` attention weights, one map per word over the encoder grid.
+        out_path: where to write the PNG (parent folders are created).
+        chosen: ``(T, gh, gw)`` one-hot maps of the cells hard attention sampled; each word's chosen
+            cell is outlined in red. Steps whose map is all zero get no outline.
+        boxes: ``boxes[t]`` lists ground-truth boxes ``(x, y, w, h)`` in image pixels to outline on
+            word ``t``'s panel (dashed cyan), e.g. the object the word names.
+        columns: panels per row.
+        smooth: smooth (bilinear + blur) or blocky (nearest) upsampling, see :func:`upsample_attention`.
+        title: drawn above all panels, e.g. the whole caption.
+
+    Returns:
+        ``out_path`` as a :class:`~pathlib.Path`.
+    """
+    attention = np.asarray(attention, dtype=np.float64)
+    steps = len(words)
+    if attention.ndim != 3 or attention.shape[0] != steps:
+        raise ValueError(f"attention must be (T, gh, gw) with T = {steps} words, got shape {attention.shape}")
+    chosen = None if chosen is None else np.asarray(chosen)
+    if chosen is not None and chosen.shape != attention.shape:
+        raise ValueError(f"chosen must have the shape of attention {attention.shape}, got {chosen.shape}")
+    if boxes is not None and len(boxes) != steps:
+        raise ValueError(f"boxes must hold one list of boxes per word ({steps}), got {len(boxes)}")
+    if columns < 1:
+        raise ValueError(f"columns must be at least 1, got {columns}")
+
+    width, height = image.size
+    display = _display_image(image)
+    display_size = display.shape[:2]
+    grid_height, grid_width = attention.shape[1:]
+    cell_height, cell_width = height / grid_height, width / grid_width
+
+    panels = steps + 1
+    columns = min(columns, panels)
+    rows = math.ceil(panels / columns)
+    inches_per_pixel = PANEL_INCHES / max(width, height)
+    panel_width, panel_height = width * inches_per_pixel, height * inches_per_pixel
+    title_height = 0.4 if title else 0.0
+    legend_height = 0.3 if chosen is not None or boxes is not None else 0.0
+    figure_size = (columns * (panel_width + 0.1), rows * (panel_height + 0.35) + title_height + legend_height)
+    figure = Figure(figsize=figure_size, dpi=100, layout="constrained")
+    FigureCanvasAgg(figure)
+    axes = figure.subplots(rows, columns, squeeze=False).ravel()
+    extent = (0, width, height, 0)  # data coordinates are image pixels, whatever the displayed resolution
+
+    axes[0].imshow(display, extent=extent, interpolation="antialiased")
+    for step, word in enumerate(words):
+        weights = upsample_attention(attention[step], display_size, smooth)
+        peak = weights.max()
+        alpha = weights / peak if peak > 0 else weights
+        brightness = DIMMED_BRIGHTNESS + (1.0 - DIMMED_BRIGHTNESS) * alpha
+        ax = axes[step + 1]
+        ax.imshow(display * brightness[..., None], extent=extent, interpolation="antialiased")
+        ax.set_title(str(word), fontsize=11, parse_math=False)
+        if chosen is not None and np.any(chosen[step]):
+            row, column = np.unravel_index(np.argmax(chosen[step]), chosen[step].shape)
+            ax.add_patch(Rectangle((column * cell_width, row * cell_height), cell_width, cell_height,
+                                   fill=False, edgecolor=CHOSEN_COLOR, linewidth=2))
+        for x, y, box_width, box_height in (boxes[step] if boxes is not None else ()):
+            ax.add_patch(Rectangle((x, y), box_width, box_height, fill=False, edgecolor=BOX_COLOR,
+                                   linewidth=1.5, linestyle="--"))
+    for ax in axes:
+        ax.set_axis_off()
+        ax.set_xlim(0, width)
+        ax.set_ylim(height, 0)
+
+    legend = []
+    if chosen is not None:
+        legend.append(Patch(fill=False, edgecolor=CHOSEN_COLOR, linewidth=2, label="sampled cell"))
+    if boxes is not None:
+        legend.append(Patch(fill=False, edgecolor=BOX_COLOR, linewidth=1.5, linestyle="--", label="ground-truth box"))
+    if legend:
+        figure.legend(handles=legend, loc="outside lower center", ncol=len(legend), frameon=False, fontsize=9)
+    if title:
+        figure.suptitle(title, fontsize=12, parse_math=False)
+
+    out_path = Path(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(out_path, format="png", bbox_inches="tight", pad_inches=0.1)
+    return out_path
+
+
+def _axis_operator(cells: int, pixels: int, smooth: bool) -> np.ndarray:
+    """``(pixels, cells)`` matrix taking cell values to pixel values along one axis.
+
+    Nearest: each pixel takes the value of the cell its centre lies in. Smooth: linear interpolation
+    between cell centres (constant beyond the outer centres), then a gaussian blur along the pixel
+    axis, normalised at every pixel so that a constant stays constant up to the borders.
+    """
+    centres = (np.arange(pixels) + 0.5) * (cells / pixels)  # pixel centres in cell units
+    if not smooth:
+        operator = np.zeros((pixels, cells))
+        operator[np.arange(pixels), np.minimum(centres.astype(int), cells - 1)] = 1.0
+        return operator
+    position = np.clip(centres - 0.5, 0.0, cells - 1)
+    below = np.floor(position).astype(int)
+    above = np.minimum(below + 1, cells - 1)
+    fraction = position - below
+    operator = np.zeros((pixels, cells))
+    np.add.at(operator, (np.arange(pixels), below), 1.0 - fraction)
+    np.add.at(operator, (np.arange(pixels), above), fraction)
+
+    sigma = BLUR_SIGMA_PER_CELL * pixels / cells
+    radius = min(math.ceil(3 * sigma), pixels - 1)
+    if radius < 1:
+        return operator
+    offsets = np.arange(-radius, radius + 1)
+    kernel = np.exp(-0.5 * (offsets / sigma) ** 2)
+    coverage = np.convolve(np.ones(pixels), kernel)[radius: radius + pixels]
+    blurred = np.stack([np.convolve(operator[:, cell], kernel)[radius: radius + pixels] for cell in range(cells)],
+                       axis=1)
+    return blurred / coverage[:, None]
+
+
+def _display_image(image: Image.Image) -> np.ndarray:
+    """``image`` as RGB floats in [0, 1] (transparency on white), its longer side at most :data:`DISPLAY_MAX_SIDE`."""
+    rgb = to_rgb(image)
+    scale = DISPLAY_MAX_SIDE / max(rgb.size)
+    if scale < 1:
+        rgb = rgb.resize((max(1, round(rgb.width * scale)), max(1, round(rgb.height * scale))), Image.BICUBIC)
+    return np.asarray(rgb, dtype=np.float64) / 255.0

@@ -1,0 +1,61 @@
+"""Shared fixtures: a tiny COCO-format caption dataset of real image files, and tiny configs."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+from PIL import Image
+
+os.environ.setdefault("WANDB_MODE", "disabled")
+os.environ.setdefault("WANDB_SILENT", "true")
+
+COLOURS = {"red": (220, 30, 30), "green": (30, 180, 40), "blue": (30, 60, 220)}
+
+
+def _write_split(root, split, count, first_id, rng):
+    images, annotations = [], []
+    for k in range(count):
+        image_id = first_id + k
+        colour = list(COLOURS)[k % 3]
+        pixels = rng.integers(0, 60, size=(32, 32, 3), dtype=np.uint8)
+        x = 0 if (k // 3) % 2 == 0 else 16
+        pixels[8:24, x : x + 16] = COLOURS[colour]
+        side = "left" if x == 0 else "right"
+        name = f"{split}/{image_id}.png"
+        (root / "images" / split).mkdir(parents=True, exist_ok=True)
+        Image.fromarray(pixels).save(root / "images" / name)
+        images.append({"id": image_id, "file_name": name, "width": 32, "height": 32})
+        for j, caption in enumerate([f"a {colour} square on the {side}", f"the {colour} square is {side}"]):
+            annotations.append({"id": image_id * 10 + j, "image_id": image_id, "caption": caption})
+    (root / "annotations").mkdir(exist_ok=True)
+    (root / "annotations" / f"captions_{split}.json").write_text(json.dumps({"images": images, "annotations": annotations}))
+
+
+@pytest.fixture(scope="session")
+def tiny_coco(tmp_path_factory):
+    """12 train / 6 val / 6 test 32x32 images of a coloured square on one side, two captions each."""
+    root = tmp_path_factory.mktemp("tiny_coco")
+    rng = np.random.default_rng(0)
+    for split, count, first in (("train", 12, 100), ("val", 6, 200), ("test", 6, 300)):
+        _write_split(root, split, count, first, rng)
+    return root
+
+
+def tiny_config(root, out, **sections):
+    """A complete config for a seconds-long run on ``tiny_coco`` (random-init encoder, no downloads)."""
+    from captioner.config import load_config
+
+    splits = ("train", "val", "test")
+    overrides = [
+        f"data.captions={json.dumps({s: str(root / 'annotations' / f'captions_{s}.json') for s in splits})}",
+        f"data.images={json.dumps({s: str(root / 'images') for s in splits})}",
+        "data.vocab_min_count=1", f"run.out={out}", "run.device=cpu",
+        "encoder.name=mobilenet_v2", "encoder.pretrained=false", "encoder.image_size=32", "encoder.stride=16",
+        "model.attention_dim=8", "model.embed_dim=8", "model.hidden_dim=16", "model.dropout=0.2",
+        "train.epochs=2", "train.batch_size=5", "train.log_every=1", "train.wandb=disabled", "train.early_stopping=0",
+        "decode.max_length=8",
+    ]
+    for section, values in sections.items():
+        overrides += [f"{section}.{k}={json.dumps(v)}" for k, v in values.items()]
+    return load_config(None, overrides)

@@ -1,0 +1,149 @@
+"""Training engine end to end on a tiny dataset: runs, resume equals an uninterrupted run, fine-tuning
+gradients, the feature cache, and the CLI around them."""
+
+import json
+import os
+import signal
+
+import pytest
+import torch
+
+from captioner.cli import main
+from captioner.data.dataset import image_transform
+from captioner.data.feature_cache import FeatureCache, build_feature_cache
+from captioner.data.images import load_image
+from captioner.data.readers import read_split
+from captioner.errors import CaptionerError
+from captioner.models.captioner import build_model
+from captioner.training import engine
+from captioner.training.checkpoint import load_checkpoint
+from captioner.training.engine import train
+from captioner.training.losses import caption_loss
+from tests.conftest import tiny_config
+
+
+def state_of(path):
+    return load_checkpoint(path)["model"]
+
+
+def assert_same_weights(a, b):
+    assert a.keys() == b.keys()
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=0, atol=0, msg=key)
+
+
+def test_train_writes_run_directory(tiny_coco, tmp_path):
+    result = train(tiny_config(tiny_coco, tmp_path / "run"))
+    run = tmp_path / "run"
+    assert {"config.yaml", "last.pt", "best.pt", "metrics.jsonl"} <= {p.name for p in run.iterdir()}
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert {r["type"] for r in records} == {"train", "val"}
+    assert sum(r["type"] == "val" for r in records) == 2
+    assert result["epochs"] == 2 and result["step"] == 2 * 5  # 24 pairs / batch 5 = 5 steps per epoch
+    payload = load_checkpoint(run / "last.pt")
+    assert {"model", "optimizer", "scheduler", "progress", "rng", "vocab", "config"} <= payload.keys()
+    with pytest.raises(CaptionerError, match="already holds a run"):
+        train(tiny_config(tiny_coco, run))
+
+
+def test_resume_after_epoch_equals_uninterrupted(tiny_coco, tmp_path):
+    train(tiny_config(tiny_coco, tmp_path / "full", train={"epochs": 3}))
+    train(tiny_config(tiny_coco, tmp_path / "split", train={"epochs": 1}))
+    train(tiny_config(tiny_coco, tmp_path / "split", train={"epochs": 3}), resume=True)
+    assert_same_weights(state_of(tmp_path / "full" / "last.pt"), state_of(tmp_path / "split" / "last.pt"))
+
+
+def test_signal_mid_epoch_saves_and_resume_equals_uninterrupted(tiny_coco, tmp_path, monkeypatch):
+    train(tiny_config(tiny_coco, tmp_path / "full"))
+    calls = {"n": 0}
+    real_loss = engine.caption_loss
+
+    def loss_then_signal(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 7:  # step 2 of epoch 2
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real_loss(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "caption_loss", loss_then_signal)
+    result = train(tiny_config(tiny_coco, tmp_path / "split"))
+    assert result["stopped"] and load_checkpoint(tmp_path / "split" / "last.pt")["progress"]["step"] == 7
+    monkeypatch.setattr(engine, "caption_loss", real_loss)
+    train(tiny_config(tiny_coco, tmp_path / "split"), resume=True)
+    assert_same_weights(state_of(tmp_path / "full" / "last.pt"), state_of(tmp_path / "split" / "last.pt"))
+
+
+def test_resume_refuses_another_architecture(tiny_coco, tmp_path):
+    train(tiny_config(tiny_coco, tmp_path / "run", train={"epochs": 1}))
+    with pytest.raises(CaptionerError, match="different model section .*hidden_dim"):
+        train(tiny_config(tiny_coco, tmp_path / "run", model={"hidden_dim": 12}), resume=True)
+
+
+@pytest.mark.parametrize("fine_tune_blocks", [0, 1])
+def test_gradients_reach_encoder_only_when_fine_tuning(tiny_coco, tmp_path, fine_tune_blocks):
+    config = tiny_config(tiny_coco, tmp_path, encoder={"fine_tune_blocks": fine_tune_blocks})
+    model = build_model(config, vocab_size=20)
+    images = torch.rand(2, 3, 32, 32)
+    captions = torch.tensor([[1, 5, 6, 2], [1, 7, 2, 0]])
+    out = model(images, captions)
+    caption_loss(out["logits"], captions[:, 1:], out["alpha"], 1.0)["loss"].backward()
+    encoder_grads = [p.grad for p in model.encoder.parameters() if p.grad is not None]
+    assert all(p.grad is not None for p in model.decoder.parameters())
+    if fine_tune_blocks:
+        assert encoder_grads and any(g.abs().sum() > 0 for g in encoder_grads)
+    else:
+        assert not encoder_grads
+
+
+def test_feature_cache_round_trip_resume_and_unreadable(tiny_coco, tmp_path):
+    config = tiny_config(tiny_coco, tmp_path)
+    model = build_model(config, vocab_size=5).eval()
+    records = read_split(config["data"], "val")
+    broken = tmp_path / "broken.png"
+    broken.write_bytes(b"not an image")
+    records[-1].path = broken
+    transform = image_transform(model.encoder)
+    folder = tmp_path / "cache"
+    first = build_feature_cache(model.encoder, records[:3], folder, transform=transform, progress=False)
+    assert first["written"] == 3
+    # A second run over more images is refused (other image set); the same set resumes with nothing to do.
+    with pytest.raises(CaptionerError, match="other images"):
+        build_feature_cache(model.encoder, records, folder, transform=transform, progress=False)
+    again = build_feature_cache(model.encoder, records[:3], folder, transform=transform, progress=False)
+    assert again == {"written": 0, "failed": {}, "skipped": 3}
+    full = build_feature_cache(model.encoder, records, tmp_path / "cache2", transform=transform, progress=False)
+    assert list(full["failed"]) == [str(records[-1].image_id)] and "broken.png" in full["failed"][str(records[-1].image_id)]
+    cache = FeatureCache(tmp_path / "cache2")
+    assert records[-1].image_id not in cache
+    with torch.no_grad():
+        for record in records[:-1]:
+            direct = model.encoder(transform(load_image(record.path)).unsqueeze(0))[0]
+            torch.testing.assert_close(cache[record.image_id], direct, rtol=2e-3, atol=2e-3)
+
+
+def test_train_from_cached_features_then_cli_caption_and_evaluate(tiny_coco, tmp_path, capsys):
+    config = tiny_config(tiny_coco, tmp_path / "run", data={"features": str(tmp_path / "cache")})
+    model = build_model(config, vocab_size=5)
+    records = [r for s in ("train", "val", "test") for r in read_split(config["data"], s)]
+    build_feature_cache(model.encoder, records, tmp_path / "cache", transform=image_transform(model.encoder),
+                        progress=False, encoder_config=config["encoder"])
+    result = train(config)
+    checkpoint = result["checkpoint"]
+    capsys.readouterr()
+    image = tiny_coco / "images" / "test" / "300.png"
+    bad = tmp_path / "bad.jpg"
+    bad.write_text("hello")
+    code = main(["caption", str(image), str(bad), "--checkpoint", checkpoint, "--beam", "2", "--device", "cpu"])
+    out = capsys.readouterr()
+    assert code == 1
+    assert out.out.startswith(f"{image}: ")
+    assert out.err.count("\n") == 1 and "bad.jpg" in out.err and "Traceback" not in out.err
+    figure = tmp_path / "fig.png"
+    assert main(["attend", str(image), "--checkpoint", checkpoint, "--out", str(figure), "--device", "cpu"]) == 0
+    assert figure.stat().st_size > 1000
+    capsys.readouterr()
+    assert main(["evaluate", checkpoint, "--split", "test", "--beam", "2", "--out", str(tmp_path / "eval"),
+                 "--device", "cpu"]) == 0
+    scores = json.loads((tmp_path / "eval" / "scores_test.json").read_text())
+    assert {"BLEU-4", "METEOR", "ROUGE-L", "CIDEr"} <= scores.keys() and scores["images"] == 6
+    results = json.loads((tmp_path / "eval" / "captions_test.json").read_text())
+    assert sorted(r["image_id"] for r in results) == list(range(300, 306))
