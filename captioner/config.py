@@ -50,7 +50,7 @@ DEFAULTS: dict = {
     "model": {
         "decoder": "lstm",          # lstm (Show, Attend and Tell)
         "attention": "additive",    # additive | dot | scaled_dot | general | none
-        "attention_mode": "soft",   # soft | hard
+        "attention_mode": "soft",   # soft | hard (stochastic hard attention trained with REINFORCE)
         "attention_dim": 512,
         "embed_dim": 512,
         "hidden_dim": 512,
@@ -59,6 +59,12 @@ DEFAULTS: dict = {
         "region_position": "none",  # none | sinusoidal: append a 2-D position code to each region
         "position_dim": 32,
         "doubly_stochastic": 1.0,   # lambda of the doubly stochastic attention regulariser
+        # hard attention (attention_mode: hard), defaults of the paper's code
+        "hard_decode": "argmax",    # argmax | sample: location chosen at inference
+        "expectation_probability": 0.5,  # per caption, use alpha instead of a sampled location
+        "location_samples": 1,      # location samples per caption in training
+        "entropy_weight": 0.002,    # lambda_e of the entropy bonus
+        "baseline_decay": 0.9,      # b_k = decay * b_{k-1} + (1 - decay) * log p(y | s, a)
     },
     "train": {
         "epochs": 20,

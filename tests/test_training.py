@@ -56,7 +56,7 @@ def test_resume_after_epoch_equals_uninterrupted(tiny_coco, tmp_path):
 def test_signal_mid_epoch_saves_and_resume_equals_uninterrupted(tiny_coco, tmp_path, monkeypatch):
     train(tiny_config(tiny_coco, tmp_path / "full"))
     calls = {"n": 0}
-    real_loss = engine.caption_loss
+    real_loss = engine.decoder_loss
 
     def loss_then_signal(*args, **kwargs):
         calls["n"] += 1
@@ -64,10 +64,10 @@ def test_signal_mid_epoch_saves_and_resume_equals_uninterrupted(tiny_coco, tmp_p
             os.kill(os.getpid(), signal.SIGTERM)
         return real_loss(*args, **kwargs)
 
-    monkeypatch.setattr(engine, "caption_loss", loss_then_signal)
+    monkeypatch.setattr(engine, "decoder_loss", loss_then_signal)
     result = train(tiny_config(tiny_coco, tmp_path / "split"))
     assert result["stopped"] and load_checkpoint(tmp_path / "split" / "last.pt")["progress"]["step"] == 7
-    monkeypatch.setattr(engine, "caption_loss", real_loss)
+    monkeypatch.setattr(engine, "decoder_loss", real_loss)
     train(tiny_config(tiny_coco, tmp_path / "split"), resume=True)
     assert_same_weights(state_of(tmp_path / "full" / "last.pt"), state_of(tmp_path / "split" / "last.pt"))
 

@@ -35,13 +35,12 @@ def build_decoder(model_config: dict, vocab_size: int, feature_dim: int, grid: t
     """The decoder named by ``model.decoder`` for regions of size ``feature_dim`` on a ``grid``."""
     m = model_config
     if m["decoder"] == "lstm":
-        if m["attention_mode"] != "soft":
-            raise ValueError(f"model.attention_mode must be soft, not {m['attention_mode']!r}")
         return LSTMDecoder(LSTMDecoderConfig(
             vocab_size=vocab_size, region_dim=feature_dim, grid=tuple(grid), attention=m["attention"],
             attention_dim=m["attention_dim"], embed_dim=m["embed_dim"], hidden_dim=m["hidden_dim"],
             dropout=m["dropout"], gate=m["gate"], region_position=m["region_position"],
-            position_dim=m["position_dim"]))
+            position_dim=m["position_dim"], attention_mode=m["attention_mode"], hard_decode=m["hard_decode"],
+            expectation_probability=m["expectation_probability"], location_samples=m["location_samples"]))
     raise ValueError(f"model.decoder must be lstm, not {m['decoder']!r}")
 
 

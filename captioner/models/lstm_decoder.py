@@ -1,4 +1,4 @@
-"""The Show, Attend and Tell LSTM decoder (Xu et al. 2015, §3.1.2, §4.2, §4.2.1).
+"""The Show, Attend and Tell LSTM decoder (Xu et al. 2015, §3.1.2, §4.1, §4.2, §4.2.1), soft or hard.
 
 At step t, from the previous word ``y_{t-1}``, hidden state ``h_{t-1}`` and the image's regions ``a`` (L, D):
 
@@ -6,6 +6,12 @@ At step t, from the previous word ``y_{t-1}``, hidden state ``h_{t-1}`` and the 
     z_t     = beta_t * sum_i alpha_ti a_i,  beta_t = sigmoid(f_beta(h_{t-1}))   (scalar or vector gate)
     i, f, o, g = W [E y_{t-1}; z_t; h_{t-1}] + b;  c_t = f*c_{t-1} + i*g;  h_t = o*tanh(c_t)
     p(y_t)  ∝ exp(L_o dropout(tanh(E y_{t-1} + L_h h_t + L_z z_t)))       (deep output layer)
+
+Hard attention (§4.1) replaces the expectation by a sample: ``s_t ~ Multinoulli(alpha_t)`` and
+``z_t = beta_t * a_{s_t}``; during training, with probability ``expectation_probability`` per caption
+the sample is replaced by its expected value (``z_t`` as in soft attention), the paper's variance
+reduction. At inference the location is the argmax of ``alpha_t`` (or a sample, ``hard_decode``).
+The training objective for hard attention is in :func:`captioner.training.losses.hard_attention_loss`.
 
 ``h_0, c_0`` come from one-layer tanh MLPs of the mean region. Work that does not depend on the step
 is taken out of the loop: the region projection ``W_a a_i`` (once per image), the embedding part of
@@ -22,6 +28,7 @@ import math
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from captioner.models.attention import RegionAttention
@@ -40,6 +47,10 @@ class LSTMDecoderConfig:
     gate: str = "scalar"            # scalar | vector | none
     region_position: str = "none"   # none | sinusoidal
     position_dim: int = 32
+    attention_mode: str = "soft"    # soft | hard
+    hard_decode: str = "argmax"     # argmax | sample: the location chosen at inference (hard attention)
+    expectation_probability: float = 0.5  # hard training: a caption uses alpha instead of a sample (paper: 0.5)
+    location_samples: int = 1       # hard training: location samples drawn per caption
 
 
 def sinusoidal_grid_code(grid: tuple[int, int], dim: int) -> torch.Tensor:
@@ -70,6 +81,10 @@ class LSTMDecoder(nn.Module):
         self.config = c = config
         if c.gate not in ("scalar", "vector", "none"):
             raise ValueError(f"model.gate must be scalar, vector or none, not {c.gate!r}")
+        if c.attention_mode not in ("soft", "hard"):
+            raise ValueError(f"model.attention_mode must be soft or hard, not {c.attention_mode!r}")
+        if c.attention_mode == "hard" and c.attention == "none":
+            raise ValueError("hard attention needs an attention score (model.attention must not be none)")
         if c.region_position not in ("none", "sinusoidal"):
             raise ValueError(f"model.region_position must be none or sinusoidal, not {c.region_position!r}")
         position_dim = c.position_dim if c.region_position == "sinusoidal" else 0
@@ -87,6 +102,14 @@ class LSTMDecoder(nn.Module):
         self.out_context = nn.Linear(d, c.embed_dim, bias=False)               # L_z
         self.dropout = nn.Dropout(c.dropout)
         self.out_words = nn.Linear(c.embed_dim, c.vocab_size)                   # L_o
+        if c.attention_mode == "hard":
+            # REINFORCE baseline b_k = 0.9 b_{k-1} + 0.1 log p(y | s_k, a); saved with the weights.
+            self.register_buffer("reward_baseline", torch.zeros(()))
+            self.register_buffer("baseline_updates", torch.zeros((), dtype=torch.long))
+
+    @property
+    def hard(self) -> bool:
+        return self.config.attention_mode == "hard"
 
     # -- pieces shared by teacher forcing and step-by-step decoding ---------------------------------
     def prepare_regions(self, features: torch.Tensor) -> torch.Tensor:
@@ -100,13 +123,32 @@ class LSTMDecoder(nn.Module):
         mean = regions.mean(dim=1)
         return torch.tanh(self.init_h(mean)), torch.tanh(self.init_c(mean))
 
-    def context(self, regions: torch.Tensor, keys: torch.Tensor | None, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Gated context ``z_t`` (B, D') and ``alpha_t`` (B, L) from ``h_{t-1}`` (B, H)."""
+    def context(self, regions: torch.Tensor, keys: torch.Tensor | None, h: torch.Tensor,
+                expectation_rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, dict]:
+        """Gated context ``z_t`` (B, D'), ``alpha_t`` (B, L) and, for hard attention, the chosen location.
+
+        Soft: ``z_t = beta * sum_i alpha_ti a_i``. Hard: ``z_t = beta * a_{s_t}`` with ``s_t`` sampled from
+        ``alpha_t`` (training, or ``hard_decode=sample``) or its argmax; rows where ``expectation_rows`` (B,)
+        is true use ``alpha_t`` instead. The third value holds, for hard attention, ``chosen`` (B, L)
+        one-hot, ``log_prob_location`` (B,) ``log alpha_t[s_t]`` and ``entropy`` (B,) of ``alpha_t``.
+        """
         alpha = self.attention(keys, h, regions.shape[1])
-        z = torch.bmm(alpha.unsqueeze(1), regions).squeeze(1)
+        location_info: dict[str, torch.Tensor] = {}
+        weights = alpha
+        if self.hard:
+            if self.training or self.config.hard_decode == "sample":
+                location = torch.multinomial(alpha.detach().float(), 1).squeeze(1)
+            else:
+                location = alpha.argmax(dim=-1)
+            chosen = F.one_hot(location, alpha.shape[1]).to(alpha.dtype)
+            log_alpha = torch.log(alpha.clamp_min(1e-12))
+            location_info = {"chosen": chosen, "log_prob_location": log_alpha.gather(1, location[:, None]).squeeze(1),
+                             "entropy": -(alpha * log_alpha).sum(dim=-1)}
+            weights = chosen if expectation_rows is None else torch.where(expectation_rows[:, None], alpha, chosen)
+        z = torch.bmm(weights.unsqueeze(1), regions).squeeze(1)
         if self.gate is not None:
             z = torch.sigmoid(self.gate(h)) * z
-        return z, alpha
+        return z, alpha, location_info
 
     def lstm_cell(self, input_gates: torch.Tensor, z: torch.Tensor, h: torch.Tensor, c: torch.Tensor):
         gates = input_gates + self.recurrent_gates(torch.cat([z, h], dim=1))
@@ -123,22 +165,38 @@ class LSTMDecoder(nn.Module):
         """Teacher-forced pass.
 
         ``features`` (B, L, D); ``captions`` (B, T+1) = ``<start> w_1 .. <end> <pad>..``.
-        Returns ``logits`` (B, T, V) predicting ``captions[:, 1:]`` and ``alpha`` (B, T, L).
+        Returns ``logits`` (B', T, V) predicting ``captions[:, 1:]`` and ``alpha`` (B', T, L), where
+        B' = B except in hard-attention training with ``location_samples = M > 1`` (B' = B * M, each
+        caption repeated M times, ``repeats`` = M). Hard-attention training adds ``log_prob_location``
+        and ``entropy`` (B', T) and ``expectation_rows`` (B',) bool.
         """
+        sampling = self.hard and self.training
+        repeats = self.config.location_samples if sampling else 1
+        if repeats > 1:
+            features, captions = features.repeat_interleave(repeats, 0), captions.repeat_interleave(repeats, 0)
         regions = self.prepare_regions(features)
         keys = self.attention.project_regions(regions)
         embedded = self.embedding(captions[:, :-1])          # (B, T, E)
         input_gates = self.input_gates(embedded)              # (B, T, 4H)
         h, c = self.initial_hidden(regions)
-        hs, zs, alphas = [], [], []
+        expectation_rows = None
+        if sampling:
+            expectation_rows = torch.rand(captions.shape[0], device=captions.device) < self.config.expectation_probability
+        hs, zs, alphas, infos = [], [], [], []
         for t in range(embedded.shape[1]):
-            z, alpha = self.context(regions, keys, h)
+            z, alpha, info = self.context(regions, keys, h, expectation_rows)
             h, c = self.lstm_cell(input_gates[:, t], z, h, c)
             hs.append(h)
             zs.append(z)
             alphas.append(alpha)
+            infos.append(info)
         logits = self.output_logits(embedded, torch.stack(hs, 1), torch.stack(zs, 1))
-        return {"logits": logits, "alpha": torch.stack(alphas, 1)}
+        out = {"logits": logits, "alpha": torch.stack(alphas, 1), "repeats": repeats}
+        if sampling:
+            out["log_prob_location"] = torch.stack([i["log_prob_location"] for i in infos], 1)
+            out["entropy"] = torch.stack([i["entropy"] for i in infos], 1)
+            out["expectation_rows"] = expectation_rows
+        return out
 
     # -- the decode-step interface --------------------------------------------------------------------
     def init_state(self, features: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -152,9 +210,13 @@ class LSTMDecoder(nn.Module):
         return state
 
     def step(self, tokens: torch.Tensor, state: dict[str, torch.Tensor]):
-        """One word: ``tokens`` (N,) previous words -> ``log_probs`` (N, V), new state, ``{"alpha": (N, L)}``."""
+        """One word: ``tokens`` (N,) previous words -> ``log_probs`` (N, V), new state, and the word's
+        attention ``{"alpha": (N, L)}`` plus ``"chosen"`` (N, L) one-hot for hard attention."""
         embedded = self.embedding(tokens)
-        z, alpha = self.context(state["regions"], state.get("keys"), state["h"])
+        z, alpha, location_info = self.context(state["regions"], state.get("keys"), state["h"])
         h, c = self.lstm_cell(self.input_gates(embedded), z, state["h"], state["c"])
         log_probs = torch.log_softmax(self.output_logits(embedded, h, z).float(), dim=-1)
-        return log_probs, {**state, "h": h, "c": c}, {"alpha": alpha}
+        attention = {"alpha": alpha}
+        if "chosen" in location_info:
+            attention["chosen"] = location_info["chosen"]
+        return log_probs, {**state, "h": h, "c": c}, attention

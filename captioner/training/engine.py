@@ -30,7 +30,7 @@ from captioner.evaluation.caption_metrics import score_captions
 from captioner.evaluation.generate import caption_texts, generate_captions
 from captioner.models.captioner import build_model
 from captioner.training.checkpoint import load_checkpoint, save_checkpoint
-from captioner.training.losses import caption_loss
+from captioner.training.losses import decoder_loss
 from captioner.utils import resolve_device, rng_state, seed_everything, set_rng_state
 
 log = logging.getLogger(__name__)
@@ -163,7 +163,7 @@ def train_one_epoch(model, loader, optimizer, scaler, config: dict, progress: di
         captions = batch["captions"].to(device, non_blocking=True)
         with autocast(device, train["amp"]):
             out = model(visual, captions)
-            losses = caption_loss(out["logits"], captions[:, 1:], out.get("alpha"), config["model"]["doubly_stochastic"])
+            losses = decoder_loss(model.decoder, out, captions[:, 1:], config["model"])
         loss = losses["loss"]
         if not torch.isfinite(loss):
             raise CaptionerError(f"non-finite loss ({loss.item()}) at step {progress['step'] + 1}, epoch "
@@ -184,8 +184,8 @@ def train_one_epoch(model, loader, optimizer, scaler, config: dict, progress: di
             record = {"type": "train", "step": progress["step"], "epoch": progress["epoch"] + 1,
                       "loss": loss.item(), "cross_entropy": losses["cross_entropy"].item(),
                       "words_per_s": words_per_s, "lr": optimizer.param_groups[0]["lr"]}
-            if "attention" in losses:
-                record["attention_reg"] = losses["attention"].item()
+            record.update({key: losses[key].item() for key in ("attention", "reinforce", "entropy", "reward", "baseline")
+                           if key in losses})
             logger.log(record)
         if train["checkpoint_every"] and progress["step"] % train["checkpoint_every"] == 0:
             save_last()

@@ -1,4 +1,5 @@
-"""Training objective of the soft-attention decoder: word cross-entropy plus the doubly stochastic term."""
+"""Training objectives: word cross-entropy with the doubly stochastic term (soft attention), and the
+variational lower bound trained by REINFORCE (hard attention, Xu et al. 2015 §4.1)."""
 
 from __future__ import annotations
 
@@ -6,21 +7,89 @@ import torch
 import torch.nn.functional as F
 
 
+def doubly_stochastic_term(alpha: torch.Tensor, mask: torch.Tensor, weight: float) -> torch.Tensor:
+    """``weight * sum_i (1 - sum_t alpha_ti)^2`` (Xu et al. eq. 14), real steps only, averaged over captions.
+
+    ``alpha`` (B, T, L), ``mask`` (B, T) true at real (non-padding) steps.
+    """
+    coverage = (alpha.float() * mask.unsqueeze(-1)).sum(dim=1)             # (B, L)
+    return weight * ((1.0 - coverage) ** 2).sum(dim=1).mean()
+
+
 def caption_loss(logits: torch.Tensor, targets: torch.Tensor, alpha: torch.Tensor | None,
                  doubly_stochastic: float, pad_index: int = 0) -> dict[str, torch.Tensor]:
     """Loss of a teacher-forced batch.
 
     ``logits`` (B, T, V) predict ``targets`` (B, T); positions where ``targets == pad_index`` never count.
-    ``cross_entropy`` is the mean over real words. ``attention`` is ``lambda * sum_i (1 - sum_t alpha_ti)^2``
-    (Xu et al. eq. 14) with the sum over real steps only, averaged over captions. ``alpha`` (B, T, L).
+    ``cross_entropy`` is the mean over real words; ``attention`` the doubly stochastic term.
     """
     mask = targets != pad_index
     cross_entropy = F.cross_entropy(logits[mask].float(), targets[mask])
     out = {"cross_entropy": cross_entropy, "words": mask.sum()}
     if alpha is not None and doubly_stochastic > 0:
-        coverage = (alpha.float() * mask.unsqueeze(-1)).sum(dim=1)             # (B, L)
-        out["attention"] = doubly_stochastic * ((1.0 - coverage) ** 2).sum(dim=1).mean()
+        out["attention"] = doubly_stochastic_term(alpha, mask, doubly_stochastic)
         out["loss"] = cross_entropy + out["attention"]
     else:
         out["loss"] = cross_entropy
     return out
+
+
+def hard_attention_loss(out: dict[str, torch.Tensor], targets: torch.Tensor, baseline: torch.Tensor,
+                        baseline_updates: torch.Tensor, *, doubly_stochastic: float, entropy_weight: float,
+                        baseline_decay: float = 0.9, pad_index: int = 0) -> dict[str, torch.Tensor]:
+    """Surrogate loss whose gradient is the paper's estimator of ``-dL_s/dW`` (eq. 11-13).
+
+    For each caption with sampled locations ``s`` (rows not in ``out["expectation_rows"]``):
+
+        grad = d log p(y|s,a)/dW + (log p(y|s,a) - b) * d log p(s|a)/dW + entropy_weight * dH[s]/dW
+
+    The first term reaches every weight through the likelihood; the second (REINFORCE, the reward
+    ``log p(y|s,a)`` detached, minus the baseline ``b``) reaches the attention network and everything
+    that shapes ``alpha``. Rows that used the expected location get the plain likelihood gradient (which
+    then also flows through ``alpha``). All terms are divided by the number of real words, as the
+    cross-entropy of soft attention is. ``baseline`` and ``baseline_updates`` are the decoder's buffers,
+    updated in place after use: ``b <- decay * b + (1 - decay) * mean reward`` (the first batch sets ``b``).
+    ``out`` is the decoder's training output; ``targets`` (B, T) are repeated to match it when the decoder
+    drew several location samples per caption.
+    """
+    repeats = out.get("repeats", 1)
+    if repeats > 1:
+        targets = targets.repeat_interleave(repeats, 0)
+    mask = targets != pad_index
+    words = mask.sum()
+    logits = out["logits"].float()
+    token_log_probs = -F.cross_entropy(logits.transpose(1, 2), targets, reduction="none") * mask   # (B, T)
+    log_likelihood = token_log_probs.sum(dim=1)                                                      # (B,)
+    cross_entropy = -log_likelihood.sum() / words
+    sampled = (~out["expectation_rows"]).float()
+    reward = log_likelihood.detach()
+    advantage = (reward - baseline) * sampled
+    location_log_prob = (out["log_prob_location"].float() * mask).sum(dim=1)
+    reinforce = -(advantage * location_log_prob).sum() / words
+    entropy = (out["entropy"].float() * mask).sum() / words
+    loss = cross_entropy + reinforce - entropy_weight * entropy
+    result = {"cross_entropy": cross_entropy, "words": words, "reinforce": reinforce, "entropy": entropy,
+              "reward": reward.mean(), "baseline": baseline.detach().clone()}
+    if doubly_stochastic > 0:
+        result["attention"] = doubly_stochastic_term(out["alpha"], mask, doubly_stochastic)
+        loss = loss + result["attention"]
+    result["loss"] = loss
+    if sampled.any():
+        with torch.no_grad():
+            batch_reward = reward[sampled.bool()].mean()
+            if baseline_updates == 0:
+                baseline.copy_(batch_reward)
+            else:
+                baseline.mul_(baseline_decay).add_((1 - baseline_decay) * batch_reward)
+            baseline_updates.add_(1)
+    return result
+
+
+def decoder_loss(decoder, out: dict[str, torch.Tensor], targets: torch.Tensor, model_config: dict) -> dict[str, torch.Tensor]:
+    """The training loss for ``decoder``'s teacher-forced output ``out`` (soft or hard attention)."""
+    if "log_prob_location" in out:
+        return hard_attention_loss(out, targets, decoder.reward_baseline, decoder.baseline_updates,
+                                   doubly_stochastic=model_config["doubly_stochastic"],
+                                   entropy_weight=model_config["entropy_weight"],
+                                   baseline_decay=model_config["baseline_decay"])
+    return caption_loss(out["logits"], targets, out.get("alpha"), model_config["doubly_stochastic"])
