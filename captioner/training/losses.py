@@ -48,7 +48,8 @@ def hard_attention_loss(out: dict[str, torch.Tensor], targets: torch.Tensor, bas
     that shapes ``alpha``. Rows that used the expected location get the plain likelihood gradient (which
     then also flows through ``alpha``). All terms are divided by the number of real words, as the
     cross-entropy of soft attention is. ``baseline`` and ``baseline_updates`` are the decoder's buffers,
-    updated in place after use: ``b <- decay * b + (1 - decay) * mean reward`` (the first batch sets ``b``).
+    updated in place after use: ``b <- decay * b + (1 - decay) * mean reward`` (the first batch sets ``b``
+    before its use, so it starts at the reward's scale, not at 0).
     ``out`` is the decoder's training output; ``targets`` (B, T) are repeated to match it when the decoder
     drew several location samples per caption.
     """
@@ -63,6 +64,9 @@ def hard_attention_loss(out: dict[str, torch.Tensor], targets: torch.Tensor, bas
     cross_entropy = -log_likelihood.sum() / words
     sampled = (~out["expectation_rows"]).float()
     reward = log_likelihood.detach()
+    if baseline_updates == 0 and sampled.any():
+        with torch.no_grad():
+            baseline.copy_(reward[sampled.bool()].mean())  # the first batch sets b instead of comparing with 0
     advantage = (reward - baseline) * sampled
     location_log_prob = (out["log_prob_location"].float() * mask).sum(dim=1)
     reinforce = -(advantage * location_log_prob).sum() / words
@@ -76,11 +80,7 @@ def hard_attention_loss(out: dict[str, torch.Tensor], targets: torch.Tensor, bas
     result["loss"] = loss
     if sampled.any():
         with torch.no_grad():
-            batch_reward = reward[sampled.bool()].mean()
-            if baseline_updates == 0:
-                baseline.copy_(batch_reward)
-            else:
-                baseline.mul_(baseline_decay).add_((1 - baseline_decay) * batch_reward)
+            baseline.mul_(baseline_decay).add_((1 - baseline_decay) * reward[sampled.bool()].mean())
             baseline_updates.add_(1)
     return result
 

@@ -1,0 +1,177 @@
+"""Stochastic hard attention (Xu et al. §4.1): sampling, the REINFORCE estimator, its baseline, decoding."""
+
+import pytest
+import torch
+
+from captioner.decoding.search import beam_search, greedy
+from captioner.models.lstm_decoder import LSTMDecoder, LSTMDecoderConfig
+from captioner.training.losses import hard_attention_loss
+
+START, END = 1, 2
+
+
+def make_hard(**kw) -> LSTMDecoder:
+    torch.manual_seed(0)
+    options = dict(vocab_size=12, region_dim=6, grid=(2, 3), attention="additive", attention_dim=8, embed_dim=8,
+                   hidden_dim=10, dropout=0.0, attention_mode="hard")
+    options.update(kw)
+    return LSTMDecoder(LSTMDecoderConfig(**options))
+
+
+def loss_of(decoder, out, targets, **kw):
+    options = dict(doubly_stochastic=0.0, entropy_weight=0.0)
+    options.update(kw)
+    return hard_attention_loss(out, targets, decoder.reward_baseline, decoder.baseline_updates, **options)
+
+
+CAPTIONS = torch.tensor([[START, 5, 6, END, 0], [START, 7, 8, 9, END], [START, 4, END, 0, 0]])
+
+
+def test_training_output_and_expectation_mixing_probability():
+    decoder = make_hard().train()
+    torch.manual_seed(1)
+    features = torch.randn(3, 6, 6)
+    out = decoder(features, CAPTIONS)
+    assert out["log_prob_location"].shape == (3, 4) and out["entropy"].shape == (3, 4)
+    # Over many captions, about half use the expected location (the paper's variance reduction).
+    big = decoder(torch.randn(4000, 6, 6), torch.tensor([[START, 5, END]]).expand(4000, -1))
+    fraction = big["expectation_rows"].float().mean().item()
+    assert abs(fraction - 0.5) < 4 * (0.25 / 4000) ** 0.5  # within 4 standard deviations
+    decoder.config.expectation_probability = 0.0
+    assert not decoder(features, CAPTIONS)["expectation_rows"].any()
+
+
+def test_several_location_samples_repeat_each_caption():
+    decoder = make_hard(location_samples=3).train()
+    out = decoder(torch.randn(3, 6, 6), CAPTIONS)
+    assert out["logits"].shape[0] == 9 and out["repeats"] == 3
+    loss = loss_of(decoder, out, CAPTIONS[:, 1:])
+    assert int(loss["words"]) == 3 * (3 + 4 + 2)
+
+
+def test_sampled_context_is_the_chosen_region():
+    decoder = make_hard(gate="none").train()
+    regions = torch.randn(2, 6, 6)
+    h = torch.randn(2, 10)
+    keys = decoder.attention.project_regions(regions)
+    z, alpha, info = decoder.context(regions, keys, h, torch.tensor([False, True]))
+    chosen = info["chosen"].argmax(-1)
+    torch.testing.assert_close(z[0], regions[0, chosen[0]])
+    torch.testing.assert_close(z[1], (alpha[1, :, None] * regions[1]).sum(0))
+
+
+def test_reinforce_gradient_reaches_attention_and_reward_is_detached():
+    """With every location sampled, the attention scorer's gradient is exactly the REINFORCE term's:
+    the likelihood path does not reach it (z = a_s has no alpha in it), and the reward carries no gradient."""
+    decoder = make_hard(expectation_probability=0.0).train()
+    features = torch.randn(3, 6, 6)
+    targets = CAPTIONS[:, 1:]
+    torch.manual_seed(3)
+    out = decoder(features, CAPTIONS)
+    decoder.reward_baseline.fill_(-5.0)
+    decoder.baseline_updates.fill_(1)
+    loss = loss_of(decoder, out, targets)
+    energy = decoder.attention.energy.weight
+    (grad_total,) = torch.autograd.grad(loss["loss"], energy, retain_graph=True)
+    (grad_reinforce,) = torch.autograd.grad(loss["reinforce"], energy, retain_graph=True)
+    (grad_likelihood,) = torch.autograd.grad(loss["cross_entropy"], energy, retain_graph=True, allow_unused=True)
+    assert grad_reinforce.abs().sum() > 0
+    torch.testing.assert_close(grad_total, grad_reinforce)
+    assert grad_likelihood is None or grad_likelihood.abs().sum() == 0
+    # The output layer learns from the likelihood only.
+    (grad_out,) = torch.autograd.grad(loss["reinforce"], decoder.out_words.weight, allow_unused=True)
+    assert grad_out is None or grad_out.abs().sum() == 0
+    # REINFORCE by hand: -(reward - b) * sum_t log alpha_t[s_t], over real words.
+    mask = targets != 0
+    reward = -torch.nn.functional.cross_entropy(out["logits"].transpose(1, 2), targets, reduction="none").mul(mask).sum(1)
+    manual = -((reward.detach() + 5.0) * (out["log_prob_location"] * mask).sum(1)).sum() / mask.sum()
+    torch.testing.assert_close(loss["reinforce"], manual)
+
+
+def test_baseline_follows_running_mean_of_reward():
+    decoder = make_hard(expectation_probability=0.0).train()
+    expected = None
+    for step in range(6):
+        out = decoder(torch.randn(3, 6, 6), CAPTIONS)
+        loss = loss_of(decoder, out, CAPTIONS[:, 1:], baseline_decay=0.9)
+        reward = loss["reward"].item()
+        used = reward if expected is None else expected  # the baseline compared with this batch's reward
+        assert loss["baseline"].item() == pytest.approx(used, rel=1e-5)
+        expected = 0.9 * used + 0.1 * reward
+        assert decoder.reward_baseline.item() == pytest.approx(expected, rel=1e-5)
+
+
+def test_entropy_bonus_raises_entropy():
+    decoder = make_hard(expectation_probability=0.0).train()
+    features = torch.randn(8, 6, 6)
+    captions = torch.tensor([[START, 5, 6, END]]).expand(8, -1)
+    optimizer = torch.optim.SGD(decoder.attention.parameters(), lr=0.5)
+
+    def mean_entropy():
+        with torch.no_grad():
+            return decoder(features, captions)["entropy"].mean().item()
+
+    before = mean_entropy()
+    for _ in range(20):
+        out = decoder(features, captions)
+        loss = loss_of(decoder, out, captions[:, 1:], entropy_weight=1.0)
+        optimizer.zero_grad()
+        (-loss["entropy"] * 1.0).backward()  # the entropy part of the loss on its own: minimising it raises H
+        optimizer.step()
+    assert mean_entropy() > before
+    out = decoder(features, captions)
+    full = loss_of(decoder, out, captions[:, 1:], entropy_weight=1.0)
+    assert torch.isclose(full["loss"], full["cross_entropy"] + full["reinforce"] - full["entropy"])
+
+
+def test_reinforce_learns_to_attend_to_the_informative_region():
+    """Toy task: only region 0 says which word comes (its first feature is +1 or -1); the other regions are
+    noise. The initial state is made blind (it would otherwise see region 0 through the mean of the regions),
+    so the word can only be read through the sampled location: the attention must learn, through the
+    REINFORCE estimator alone, to put its mass on region 0."""
+    torch.manual_seed(0)
+    decoder = make_hard(expectation_probability=0.0, gate="none", region_dim=4, grid=(1, 6), vocab_size=6)
+    for layer in (decoder.init_h, decoder.init_c):
+        layer.weight.data.zero_()
+        layer.weight.requires_grad_(False)
+    optimizer = torch.optim.Adam([p for p in decoder.parameters() if p.requires_grad], lr=0.01)
+
+    def batch(n=64):
+        features = torch.randn(n, 6, 4) * 0.5
+        sign = torch.randint(0, 2, (n,))
+        features[:, 0, 0] = sign.float() * 2 - 1
+        features[:, 0, 1:] = 3.0  # makes region 0 recognisable
+        captions = torch.stack([torch.full((n,), START), 4 + sign, torch.full((n,), END)], 1)
+        return features, captions
+
+    def attention_on_informative():
+        decoder.eval()
+        features, captions = batch(256)
+        with torch.no_grad():
+            alpha = decoder(features, captions)["alpha"][:, 0]
+        decoder.train()
+        return alpha[:, 0].mean().item()
+
+    before = attention_on_informative()
+    for _ in range(300):
+        features, captions = batch()
+        out = decoder(features, captions)
+        loss = loss_of(decoder, out, captions[:, 1:])
+        optimizer.zero_grad()
+        loss["loss"].backward()
+        optimizer.step()
+    after = attention_on_informative()
+    assert before < 0.3 and after > 0.8
+
+
+def test_argmax_decoding_gives_one_hot_per_word_and_beam_one_equals_greedy():
+    decoder = make_hard().eval()
+    features = torch.randn(4, 6, 6)
+    generations = greedy(decoder, features, max_length=6, start_index=START, end_index=END)
+    beams = beam_search(decoder, features, beam_size=1, max_length=6, start_index=START, end_index=END)
+    for g, b in zip(generations, beams):
+        chosen = g.attention["chosen"]
+        assert chosen.shape == (len(g.tokens), 6)
+        assert chosen.sum(-1).eq(1).all() and chosen.max(-1).values.eq(1).all()
+        torch.testing.assert_close(chosen.argmax(-1), g.attention["alpha"].argmax(-1))
+        assert g.tokens == b.tokens
