@@ -1,4 +1,4 @@
-"""The ``captioner`` command line: data, cache-features, train, evaluate, caption, attend, demo.
+"""The ``captioner`` command line: data, cache-features, train, evaluate, caption, attend, compare, demo.
 
 User errors (bad files, configs, checkpoints) print one line naming the file and what is wrong and exit
 with status 1; ``--debug`` shows the traceback instead.
@@ -116,6 +116,14 @@ def _cmd_attend(args) -> int:
     return 0
 
 
+def _cmd_compare(args) -> int:
+    from captioner.visualisation.report import write_report
+
+    result = write_report(args.runs, args.out, split=args.split, beam_size=args.beam, images=args.images)
+    print(f"wrote {result['markdown']} and {result['html']}")
+    return 0
+
+
 def _cmd_demo(args) -> int:
     from captioner.demo import run_demo
 
@@ -178,6 +186,14 @@ def build_parser() -> argparse.ArgumentParser:
     attend.add_argument("--beam", type=int, default=3)
     attend.add_argument("--device", default="auto")
     attend.set_defaults(func=_cmd_attend)
+
+    compare = sub.add_parser("compare", help="report comparing runs: metrics, curves, attention statistics, figures")
+    compare.add_argument("runs", nargs="+", help="run directories (with best.pt or last.pt)")
+    compare.add_argument("--out", required=True, help="folder for report.md, report.html and the PNGs")
+    compare.add_argument("--split", default="test")
+    compare.add_argument("--beam", type=int, default=3)
+    compare.add_argument("--images", type=int, default=3, help="test images shown for every run")
+    compare.set_defaults(func=_cmd_compare)
 
     demo = sub.add_parser("demo", help="the main job on the embedded shapes data: generate, train, evaluate, draw")
     demo.add_argument("--out", default="runs/demo")

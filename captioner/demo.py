@@ -1,8 +1,9 @@
-"""The main job (``make demo``): shapes data -> cached features -> train each demo run -> test scores -> figures.
+"""The main job (``make demo``): shapes data -> cached features -> train each demo run -> test scores ->
+figures -> comparison report.
 
 Runs ``configs/demo_{name}.yaml`` for each name in ``DEMO_RUNS`` with the same seed and budget,
 evaluates each on the held-out test split with beam 3, captions a few test images with attention
-figures, and writes ``{out}/summary.json``.
+figures, compares the runs (``captioner compare``) and writes ``{out}/summary.json``.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 from captioner.config import load_config
 from captioner.errors import CaptionerError
 
-DEMO_RUNS = ("soft", "none")
+DEMO_RUNS = ("soft", "none", "hard")
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 FIGURE_IMAGES = 4
 SUMMARY_KEYS = ("BLEU-4", "CIDEr", "METEOR", "object_precision", "relation_accuracy")
@@ -94,6 +95,7 @@ def run_demo(out: Path, data_dir: Path, fast: bool = False, runs: tuple[str, ...
     """The whole main job; returns (and writes) the summary."""
     from captioner.evaluation.evaluate import evaluate_checkpoint
     from captioner.training.engine import train
+    from captioner.visualisation.report import write_report
 
     started = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
@@ -115,6 +117,9 @@ def run_demo(out: Path, data_dir: Path, fast: bool = False, runs: tuple[str, ...
     figure_dir = out / "figures"
     summary["figures"] = demo_figures(Path(summary["runs"][runs[0]]["checkpoint"]), configs[runs[0]], figure_dir,
                                       FIGURE_IMAGES)
+    print("\n== comparison report ==")
+    report = write_report([out / name for name in runs], out / "report", beam_size=3, stats_images=100)
+    summary["report"] = report["html"]
     summary["total_seconds"] = round(time.perf_counter() - started, 1)
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     print_summary(summary)

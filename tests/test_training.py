@@ -147,3 +147,27 @@ def test_train_from_cached_features_then_cli_caption_and_evaluate(tiny_coco, tmp
     assert {"BLEU-4", "METEOR", "ROUGE-L", "CIDEr"} <= scores.keys() and scores["images"] == 6
     results = json.loads((tmp_path / "eval" / "captions_test.json").read_text())
     assert sorted(r["image_id"] for r in results) == list(range(300, 306))
+
+
+def test_hard_attention_run_round_trips_and_compare_writes_report(tiny_coco, tmp_path, capsys):
+    soft = train(tiny_config(tiny_coco, tmp_path / "soft", train={"epochs": 1}))
+    hard = train(tiny_config(tiny_coco, tmp_path / "hard", train={"epochs": 1}, model={"attention_mode": "hard"}))
+    payload = load_checkpoint(hard["checkpoint"])
+    assert payload["model"]["decoder.baseline_updates"] > 0  # the REINFORCE baseline was trained and saved
+    image = tiny_coco / "images" / "test" / "301.png"
+    capsys.readouterr()
+    assert main(["caption", str(image), "--checkpoint", hard["checkpoint"], "--json", "--device", "cpu"]) == 0
+    assert json.loads(capsys.readouterr().out)["image"] == str(image)
+    assert main(["attend", str(image), "--checkpoint", hard["checkpoint"], "--out", str(tmp_path / "h.png"),
+                 "--device", "cpu"]) == 0
+    report_dir = tmp_path / "report"
+    assert main(["compare", str(tmp_path / "soft"), str(tmp_path / "hard"), "--out", str(report_dir),
+                 "--images", "2", "--beam", "2"]) == 0
+    html = (report_dir / "report.html").read_text()
+    assert html.count("data:image/png;base64,") == 2 + 2 * 2  # curves, coverage, 2 images x 2 runs
+    markdown = (report_dir / "report.md").read_text()
+    assert "| soft |" in markdown and "| hard |" in markdown and "METEOR" in markdown
+    assert (tmp_path / "hard" / "scores_test.json").exists()  # evaluated on the way
+    for line in markdown.splitlines():
+        if line.startswith("!["):
+            assert (report_dir / line.split("](")[1].rstrip(")")).exists()

@@ -1,0 +1,229 @@
+"""``captioner compare``: a side-by-side report of several training runs (Markdown with PNGs, and one
+self-contained HTML page with the images embedded).
+
+For each run directory (``config.yaml``, ``metrics.jsonl``, ``best.pt`` or ``last.pt``, and the
+``scores_{split}.json`` written by ``captioner evaluate``, computed here when missing) the report gives:
+a metrics table (BLEU-1..4, METEOR, ROUGE-L, CIDEr, training time, parameters, words/s), learning
+curves on shared axes, attention statistics (mean entropy of alpha per word, histogram of the coverage
+``sum_t alpha_ti``) and the same test images captioned by every run with their attention figures.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from captioner.data.images import load_image
+from captioner.errors import CaptionerError
+from captioner.evaluation.evaluate import evaluate_checkpoint, split_dataset
+from captioner.evaluation.generate import generate_captions
+from captioner.inference import attention_maps, caption_files
+from captioner.training.checkpoint import load_checkpoint, load_model
+from captioner.visualisation.attention_figure import draw_attention_figure
+
+TABLE_COLUMNS = ("BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "METEOR", "ROUGE-L", "CIDEr", "object_precision",
+                 "relation_accuracy", "pointing_accuracy", "train_seconds", "parameters", "words_per_s")
+
+
+def _checkpoint_of(run_dir: Path) -> Path:
+    for name in ("best.pt", "last.pt"):
+        if (run_dir / name).exists():
+            return run_dir / name
+    raise CaptionerError(f"{run_dir}: no best.pt or last.pt (is it a run directory?)")
+
+
+def _read_metrics(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def attention_statistics(model, dataset, vocab, *, beam_size: int, max_length: int, max_images: int) -> dict:
+    """Mean entropy (nats) of alpha per generated word, and every image-region coverage ``sum_t alpha_ti``."""
+    generations = generate_captions(model, dataset, vocab, beam_size=beam_size, max_length=max_length,
+                                    max_images=max_images)
+    entropies, coverage = [], []
+    for generation in generations.values():
+        alpha = generation.attention.get("alpha")
+        if alpha is None or len(alpha) == 0:
+            continue
+        entropies.append(-(alpha * alpha.clamp_min(1e-12).log()).sum(-1))
+        coverage.append(alpha.sum(0))
+    if not entropies:
+        return {"mean_entropy": None, "coverage": []}
+    regions = coverage[0].numel()
+    return {"mean_entropy": float(torch.cat(entropies).mean()), "max_entropy": math.log(regions),
+            "coverage": torch.cat(coverage).tolist()}
+
+
+def collect_run(run_dir: Path, split: str, beam_size: int, stats_images: int) -> dict:
+    """Everything the report shows about one run."""
+    checkpoint = _checkpoint_of(run_dir)
+    scores_path = run_dir / f"scores_{split}.json"
+    scores = (json.loads(scores_path.read_text()) if scores_path.exists()
+              else evaluate_checkpoint(checkpoint, split, beam_size=beam_size, out_dir=run_dir, progress=False))
+    payload = load_checkpoint(checkpoint)
+    model, vocab, config, _ = load_model(checkpoint)
+    metrics = _read_metrics(run_dir)
+    val = [m for m in metrics if m.get("type") == "val"]
+    dataset = split_dataset(config, split, vocab, model)
+    stats = attention_statistics(model, dataset, vocab, beam_size=beam_size, max_length=config["decode"]["max_length"],
+                                 max_images=stats_images)
+    return {
+        "name": run_dir.name, "dir": run_dir, "checkpoint": checkpoint, "config": config, "model": model,
+        "vocab": vocab, "scores": scores, "metrics": metrics, "stats": stats,
+        "train_seconds": payload.get("progress", {}).get("train_seconds"),
+        "parameters": sum(t.numel() for k, t in payload["model"].items() if k.startswith("decoder.")
+                          and t.is_floating_point() and "position_code" not in k),
+        "words_per_s": next((m["words_per_s"] for m in reversed(val) if m.get("words_per_s")), None),
+    }
+
+
+def _save(figure: Figure, path: Path) -> Path:
+    FigureCanvasAgg(figure)
+    figure.savefig(path, dpi=100, bbox_inches="tight")
+    return path
+
+
+def learning_curves(runs: list[dict], path: Path) -> Path:
+    """Training loss per step and validation score per epoch, every run on the same axes."""
+    figure = Figure(figsize=(11, 3.6))
+    loss_ax, val_ax = figure.subplots(1, 2)
+    metric = runs[0]["config"]["train"]["metric"]
+    for run in runs:
+        train = [m for m in run["metrics"] if m.get("type") == "train"]
+        val = [m for m in run["metrics"] if m.get("type") == "val"]
+        if train:
+            loss_ax.plot([m["step"] for m in train], [m["cross_entropy"] for m in train], label=run["name"])
+        if val:
+            val_ax.plot([m["epoch"] for m in val], [m.get(metric) for m in val], marker="o", label=run["name"])
+    loss_ax.set(title="training cross-entropy (per word)", xlabel="step", ylabel="nats")
+    val_ax.set(title=f"validation {metric}", xlabel="epoch")
+    for ax in (loss_ax, val_ax):
+        ax.grid(alpha=0.3)
+        ax.legend()
+    return _save(figure, path)
+
+
+def coverage_histogram(runs: list[dict], path: Path) -> Path:
+    """Histogram of ``sum_t alpha_ti`` over test images and regions, one outline per run."""
+    figure = Figure(figsize=(6, 3.6))
+    ax = figure.subplots()
+    values = [np.asarray(r["stats"]["coverage"]) for r in runs if r["stats"]["coverage"]]
+    top = max((v.max() for v in values), default=1.0)
+    bins = np.linspace(0, max(top, 1.0), 40)
+    for run in runs:
+        if run["stats"]["coverage"]:
+            ax.hist(run["stats"]["coverage"], bins=bins, histtype="step", linewidth=1.5, label=run["name"], density=True)
+    ax.set(title="attention coverage per region (sum over words)", xlabel="sum_t alpha_ti", ylabel="density")
+    ax.legend()
+    return _save(figure, path)
+
+
+def _cell(value) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        return f"{value:.3f}" if abs(value) < 100 else f"{value:.0f}"
+    return str(value)
+
+
+def _row(run: dict) -> dict:
+    return {**run["scores"], "train_seconds": run["train_seconds"], "parameters": run["parameters"],
+            "words_per_s": run["words_per_s"]}
+
+
+def write_report(run_dirs: list[str | Path], out_dir: str | Path, *, split: str = "test", beam_size: int = 3,
+                 images: int = 3, stats_images: int = 200) -> dict:
+    """Write ``report.md``, ``report.html`` and the PNGs into ``out_dir``; returns their paths."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    runs = [collect_run(Path(d), split, beam_size, stats_images) for d in run_dirs]
+    columns = [c for c in TABLE_COLUMNS if any(_row(r).get(c) is not None for r in runs)]
+    pictures = {"curves": learning_curves(runs, out_dir / "learning_curves.png"),
+                "coverage": coverage_histogram(runs, out_dir / "coverage.png")}
+    # The same test images for every run.
+    first = runs[0]
+    records = split_dataset(first["config"], split, first["vocab"], first["model"]).records[:images]
+    examples = []
+    for record in records:
+        row = {"image": record.path, "runs": []}
+        for run in runs:
+            (result,) = caption_files(run["model"], run["vocab"], [record.path], beam_size=beam_size,
+                                      max_length=run["config"]["decode"]["max_length"])
+            grid = run["model"].encoder.grid
+            chosen = attention_maps(result.generation, grid, "chosen")
+            figure = draw_attention_figure(load_image(record.path), result.words,
+                                           attention_maps(result.generation, grid).numpy(),
+                                           out_dir / f"attention_{run['name']}_{record.image_id}.png",
+                                           chosen=None if chosen is None else chosen.numpy(),
+                                           title=f"{run['name']}: {result.caption}")
+            row["runs"].append({"name": run["name"], "caption": result.caption, "figure": figure})
+        examples.append(row)
+
+    header = "| run | " + " | ".join(columns) + " |"
+    lines = ["# Run comparison", "", f"Split: `{split}`, beam {beam_size}.", "", "## Metrics", "", header,
+             "|" + "---|" * (len(columns) + 1)]
+    lines += ["| " + run["name"] + " | " + " | ".join(_cell(_row(run).get(c)) for c in columns) + " |" for run in runs]
+    lines += ["", "## Learning curves", "", f"![learning curves]({pictures['curves'].name})", "",
+              "## Attention statistics", "", "| run | mean entropy of alpha per word (nats) | max possible |", "|---|---|---|"]
+    lines += [f"| {r['name']} | {_cell(r['stats']['mean_entropy'])} | {_cell(r['stats'].get('max_entropy'))} |" for r in runs]
+    lines += ["", f"![coverage]({pictures['coverage'].name})", "", "## Same images, every run", ""]
+    for example in examples:
+        lines.append(f"### {Path(example['image']).name}")
+        lines.append("")
+        for item in example["runs"]:
+            lines += [f"**{item['name']}**: {item['caption']}", "", f"![{item['name']}]({item['figure'].name})", ""]
+    markdown = "\n".join(lines) + "\n"
+    (out_dir / "report.md").write_text(markdown)
+    (out_dir / "report.html").write_text(_html(markdown, out_dir))
+    return {"markdown": str(out_dir / "report.md"), "html": str(out_dir / "report.html"),
+            "runs": {r["name"]: _row(r) for r in runs}}
+
+
+def _html(markdown: str, folder: Path) -> str:
+    """A small Markdown-subset renderer (headings, tables, images, bold, paragraphs), images inlined."""
+    body, table = [], []
+
+    def inline(text: str) -> str:
+        text = html.escape(text)
+        parts = text.split("**")
+        return "".join(f"<b>{p}</b>" if i % 2 else p for i, p in enumerate(parts)).replace("`", "")
+
+    def flush_table():
+        if table:
+            rows = [r for r in table if not set(r.replace("|", "").strip()) <= set("-")]
+            cells = [[c.strip() for c in r.strip().strip("|").split("|")] for r in rows]
+            head = "".join(f"<th>{inline(c)}</th>" for c in cells[0])
+            rest = "".join("<tr>" + "".join(f"<td>{inline(c)}</td>" for c in row) + "</tr>" for row in cells[1:])
+            body.append(f"<table><tr>{head}</tr>{rest}</table>")
+            table.clear()
+
+    for line in markdown.splitlines():
+        if line.startswith("|"):
+            table.append(line)
+            continue
+        flush_table()
+        if line.startswith("#"):
+            level = len(line) - len(line.lstrip("#"))
+            body.append(f"<h{level}>{inline(line[level:].strip())}</h{level}>")
+        elif line.startswith("!["):
+            alt, src = line[2:].split("](")
+            data = base64.b64encode((folder / src.rstrip(")")).read_bytes()).decode()
+            body.append(f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">')
+        elif line.strip():
+            body.append(f"<p>{inline(line)}</p>")
+    flush_table()
+    style = ("body{font-family:sans-serif;max-width:1200px;margin:2em auto;padding:0 1em}"
+             "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}"
+             "img{max-width:100%}")
+    return f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>captioner comparison</title><style>{style}</style></head><body>{''.join(body)}</body></html>\n"
