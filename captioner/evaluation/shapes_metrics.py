@@ -1,13 +1,19 @@
 """Two measures for the shapes data that n-gram overlap cannot fake.
 
-* object precision: of all objects named in generated captions (colour and shape), the fraction that
-  exist in the image;
-* relation accuracy: of all spatial relations stated between two named objects that exist, the
-  fraction that are true (same rule as the generator: the stated direction must hold along the axis of
-  larger centre separation).
+* **object precision**: of all objects named in the generated captions (a colour word followed by a
+  shape word), the fraction whose (colour, shape) is in that image;
+* **relation accuracy**: of all spatial relations stated between two named objects that are both in
+  the image, the fraction that are true. The rule is the generator's: the stated direction must be the
+  one along the axis of larger separation between the two bounding-box centres
+  (:func:`captioner.data.shapes.relation_of`). A relation of an object to itself is never true.
 
-Captions are parsed with the grammar of :mod:`captioner.data.shapes`, leniently: unknown words, ``<unk>``
-and truncated captions are skipped over, never an error.
+A caption that only copies frequent n-grams ("a red circle to the left of a blue square") scores well
+on BLEU but badly here unless it names what is in the image and where.
+
+Captions are read with the grammar of :mod:`captioner.data.shapes` (:func:`parse_caption`), leniently:
+unknown words, ``<unk>`` and truncated captions are skipped over, never an error. The image objects
+come from the shapes ``instances_*.json`` through :func:`load_shapes_objects`: per image a list of
+``{"shape", "colour", "size", "bbox"}`` dicts, the shape being the COCO category name.
 """
 
 from __future__ import annotations
@@ -17,95 +23,157 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from captioner.data.readers import read_json
-from captioner.data.shapes import COLOURS, SHAPES, SIZES, relation_between
+from captioner.data.shapes import COLOURS, RELATIONS, SHAPES, SIZES, bbox_centre, relation_of
 from captioner.data.vocabulary import tokenize
+from captioner.errors import CaptionerError
 
-RELATION_PHRASES = {("to", "the", "left", "of"): "to the left of", ("to", "the", "right", "of"): "to the right of",
-                    ("above",): "above", ("below",): "below"}
+RELATION_WORDS = {tuple(phrase.split()): phrase for phrase in RELATIONS}
 
 
 @dataclass(frozen=True)
 class Mention:
+    """An object named in a caption: ``[size] colour shape`` (``size`` is None when not stated)."""
+
     colour: str
     shape: str
     size: str | None = None
-    position: int = 0  # index of the shape word among the caption's tokens
 
 
 @dataclass(frozen=True)
 class Relation:
-    subject: int   # index into the mentions
+    """``mentions[subject_index]`` is ``relation`` (e.g. "above") ``mentions[object_index]``."""
+
+    subject_index: int
     relation: str
-    object: int
+    object_index: int
+
+
+def _relation_at(tokens: list[str], start: int) -> str | None:
+    """The relation phrase that begins at ``tokens[start]``, if any."""
+    for words, phrase in RELATION_WORDS.items():
+        if tuple(tokens[start : start + len(words)]) == words:
+            return phrase
+    return None
 
 
 def parse_caption(caption: str) -> tuple[list[Mention], list[Relation]]:
-    """Mentions (``[size] colour shape``) and the relations stated between consecutive mentions."""
+    """The object mentions in ``caption`` and the relations stated between them.
+
+    A mention is a colour word directly followed by a shape word, with the size word just before the
+    colour when there is one. A relation phrase links the mention before it (in the same clause: "and"
+    starts a new one) to the next mention after it. Anything else is skipped, so junk text, unknown words
+    and truncated captions give whatever mentions and relations they contain; this never raises.
+    """
     tokens = tokenize(caption)
     mentions: list[Mention] = []
     relations: list[Relation] = []
-    pending: str | None = None
+    subject: int | None = None     # the mention a relation phrase would attach to
+    pending: str | None = None     # a relation phrase waiting for its second mention
     i = 0
     while i < len(tokens):
-        phrase = next((rel for words, rel in RELATION_PHRASES.items() if tuple(tokens[i : i + len(words)]) == words), None)
+        phrase = _relation_at(tokens, i)
         if phrase is not None:
-            pending = phrase if mentions else None
+            pending = phrase if subject is not None else None
             i += len(phrase.split())
-            continue
-        if tokens[i] in COLOURS and i + 1 < len(tokens) and tokens[i + 1] in SHAPES:
+        elif tokens[i] in COLOURS and i + 1 < len(tokens) and tokens[i + 1] in SHAPES:
             size = tokens[i - 1] if i > 0 and tokens[i - 1] in SIZES else None
-            mentions.append(Mention(tokens[i], tokens[i + 1], size, i + 1))
+            mentions.append(Mention(tokens[i], tokens[i + 1], size))
             if pending is not None:
-                relations.append(Relation(len(mentions) - 2, pending, len(mentions) - 1))
-            pending = None
+                relations.append(Relation(subject, pending, len(mentions) - 1))
+            subject, pending = len(mentions) - 1, None
             i += 2
-            continue
-        if tokens[i] == "and":
-            pending = None
-        i += 1
+        else:
+            if tokens[i] == "and":
+                subject, pending = None, None
+            i += 1
     return mentions, relations
 
 
 def load_shapes_objects(instances_file: str | Path) -> dict[int, list[dict]]:
-    """``{image_id: [{"shape", "colour", "size", "bbox"}]}`` from a shapes ``instances_*.json``.
+    """``{image_id: [{"shape", "colour", "size", "bbox"}, ...]}`` from a shapes ``instances_*.json``.
 
-    Returns an empty dict for COCO instance files without colour attributes (not shapes data).
+    Every image of the file has an entry (possibly empty). Returns an empty dict for a COCO instances
+    file whose annotations carry no "colour" (not shapes data), so callers can skip the measures.
+    Raises :class:`CaptionerError` for a file that cannot be read or is not COCO instances.
     """
     data = read_json(instances_file)
-    names = {c["id"]: c["name"] for c in data.get("categories", [])}
-    objects: dict[int, list[dict]] = {image["id"]: [] for image in data.get("images", [])}
-    for ann in data.get("annotations", []):
-        if "colour" not in ann:
+    try:
+        names = {category["id"]: category["name"] for category in data.get("categories", [])}
+        annotations = data.get("annotations", [])
+        if any("colour" not in annotation for annotation in annotations):
             return {}
-        objects.setdefault(ann["image_id"], []).append(
-            {"shape": names[ann["category_id"]], "colour": ann["colour"], "size": ann.get("size"), "bbox": ann["bbox"]})
+        objects: dict[int, list[dict]] = {image["id"]: [] for image in data.get("images", [])}
+        for annotation in annotations:
+            objects.setdefault(annotation["image_id"], []).append(
+                {"shape": names[annotation["category_id"]], "colour": annotation["colour"],
+                 "size": annotation.get("size"), "bbox": [float(v) for v in annotation["bbox"]]})
+    except (AttributeError, KeyError, TypeError, ValueError) as err:
+        raise CaptionerError(f"{instances_file}: not a COCO instances file ({type(err).__name__}: {err})") from None
     return objects
 
 
-def _find(mention: Mention, objects: list[dict]) -> dict | None:
-    return next((o for o in objects if o["colour"] == mention.colour and o["shape"] == mention.shape), None)
+@dataclass
+class _Tally:
+    """Counts over a set of captions, and the two measures they give."""
+
+    mentions: int = 0
+    mentions_present: int = 0
+    relations_graded: int = 0
+    relations_true: int = 0
+
+    @property
+    def object_precision(self) -> float:
+        return self.mentions_present / self.mentions if self.mentions else 0.0
+
+    @property
+    def relation_accuracy(self) -> float | None:
+        return self.relations_true / self.relations_graded if self.relations_graded else None
 
 
-def _centre(obj: dict) -> tuple[float, float]:
-    x, y, w, h = obj["bbox"]
-    return x + w / 2, y + h / 2
+def _matching(mention: Mention, present: list[dict]) -> list[dict]:
+    return [obj for obj in present if obj["colour"] == mention.colour and obj["shape"] == mention.shape]
+
+
+def _holds(relation: str, subjects: list[dict], references: list[dict]) -> bool:
+    """Whether ``relation`` holds between some subject and some other reference object."""
+    return any(relation_of(bbox_centre(a["bbox"]), bbox_centre(b["bbox"])) == relation
+               for a in subjects for b in references if a is not b)
+
+
+def _tally(generated: Mapping[int, str], objects: Mapping[int, list[dict]]) -> _Tally:
+    tally = _Tally()
+    for image_id, caption in generated.items():
+        if image_id not in objects:
+            raise CaptionerError(f"shapes measures: no objects for image {image_id!r} (captions and instances "
+                                 "files of different splits?)")
+        mentions, relations = parse_caption(caption)
+        matches = [_matching(mention, objects[image_id]) for mention in mentions]
+        tally.mentions += len(mentions)
+        tally.mentions_present += sum(bool(found) for found in matches)
+        for rel in relations:
+            subjects, references = matches[rel.subject_index], matches[rel.object_index]
+            if subjects and references:
+                tally.relations_graded += 1
+                tally.relations_true += _holds(rel.relation, subjects, references)
+    return tally
+
+
+def object_precision(generated: Mapping[int, str], objects: Mapping[int, list[dict]]) -> float:
+    """Fraction of object mentions in ``generated`` (``{image_id: caption}``) whose colour and shape are
+    in that image (``objects`` as from :func:`load_shapes_objects`); 0.0 when nothing is named at all."""
+    return _tally(generated, objects).object_precision
+
+
+def relation_accuracy(generated: Mapping[int, str], objects: Mapping[int, list[dict]]) -> float | None:
+    """Fraction of gradable stated relations (both mentions name objects in the image) that are true;
+    None when no relation is gradable."""
+    return _tally(generated, objects).relation_accuracy
 
 
 def shapes_scores(generated: Mapping[int, str], objects: Mapping[int, list[dict]]) -> dict:
-    """``object_precision``, ``relation_accuracy`` (None when nothing was gradable) and the counts."""
-    mentions_total = mentions_right = graded = right = 0
-    for image_id, caption in generated.items():
-        present = objects.get(image_id, [])
-        mentions, relations = parse_caption(caption)
-        found = [_find(m, present) for m in mentions]
-        mentions_total += len(mentions)
-        mentions_right += sum(f is not None for f in found)
-        for rel in relations:
-            a, b = found[rel.subject], found[rel.object]
-            if a is None or b is None or a is b:
-                continue
-            graded += 1
-            right += relation_between(_centre(a), _centre(b)) == rel.relation
-    return {"object_precision": mentions_right / mentions_total if mentions_total else None,
-            "relation_accuracy": right / graded if graded else None,
-            "mentions": mentions_total, "relations_graded": graded}
+    """Both measures and their counts in one pass: ``{"object_precision", "relation_accuracy",
+    "relations_graded", "mentions"}``, with the conventions of :func:`object_precision` and
+    :func:`relation_accuracy`."""
+    tally = _tally(generated, objects)
+    return {"object_precision": tally.object_precision, "relation_accuracy": tally.relation_accuracy,
+            "relations_graded": tally.relations_graded, "mentions": tally.mentions}

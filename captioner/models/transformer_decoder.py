@@ -1,0 +1,260 @@
+"""A Transformer decoder over image regions, a drop-in alternative to the Show, Attend and Tell LSTM.
+
+Words attend to earlier words (masked self-attention) and to the L regions of the image
+(cross-attention); N pre-norm layers of
+
+    x = x + Dropout(SelfAttention(LayerNorm(x)))           causal, <pad> keys hidden
+    x = x + Dropout(CrossAttention(LayerNorm(x), memory))  memory: the projected regions
+    x = x + Dropout(FFN(LayerNorm(x)))                     FFN = W_2 Dropout(ReLU(W_1 x))
+
+and a final LayerNorm feed the output layer. Words enter as ``sqrt(d_model) * E y + P_word`` (sinusoidal
+positions); regions as ``memory = LayerNorm(W_r a) + P_region`` with a learned or a 2-D sinusoidal
+position per grid cell. The output layer may share its weight with ``E`` (``tie_embeddings``).
+
+The attention map reported for each word, ``alpha`` (rows sum to 1), is the cross-attention of layer
+``attention_layer`` averaged over heads; that layer's cross-attention is computed explicitly to get its
+probabilities, every other attention runs through ``scaled_dot_product_attention``.
+
+Step-by-step decoding follows the decode-step interface of :mod:`captioner.decoding.search`; every state
+tensor has the batch (hypothesis) first, so a search can reorder it with ``index_select(0, ...)``:
+
+* with the cache (default), ``init_state`` projects the regions and layer i's cross-attention keys and
+  values once, ``"cross_k{i}"`` and ``"cross_v{i}"`` (B, heads, L, d_head), and starts empty self-attention
+  caches ``"self_k{i}"`` and ``"self_v{i}"`` (B, heads, 0, d_head); each ``step`` runs one position through
+  the layers and appends its keys and values (t words: (B, heads, t, d_head)), so T words cost T
+  single-position passes;
+* without it (``use_cache=False``), the state keeps the projected regions ``"memory"`` (B, L, d_model) and
+  the words so far ``"tokens"`` (B, t); each ``step`` re-runs the whole prefix through every layer,
+  cross-attention keys and values included, as a plain ``forward`` would.
+
+Both carry ``"position"`` (B,), the index of the next word.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass
+class TransformerDecoderConfig:
+    vocab_size: int
+    region_dim: int                   # D, the encoder's feature size
+    grid: tuple[int, int]             # (gh, gw), L = gh * gw
+    d_model: int = 512
+    num_layers: int = 3
+    num_heads: int = 8
+    ffn_dim: int = 2048
+    dropout: float = 0.1
+    region_position: str = "learned"  # learned | sinusoidal: position code added to the projected regions
+    tie_embeddings: bool = True       # the output layer's weight is the word embedding
+    attention_layer: int = -1         # the layer whose cross-attention is reported as alpha
+    max_length: int = 64              # most word positions (input words of a caption, or decoding steps)
+
+
+def sinusoidal_code(positions: int, dim: int) -> torch.Tensor:
+    """The Transformer's position code ``(positions, dim)``: sines then cosines of ``p / 10000^(2i/dim)``."""
+    if dim % 2:
+        raise ValueError(f"a sinusoidal code needs an even size, got {dim}")
+    freqs = torch.exp(-math.log(10_000.0) * torch.arange(0, dim, 2, dtype=torch.float32) / dim)
+    angles = torch.arange(positions, dtype=torch.float32)[:, None] * freqs[None, :]
+    return torch.cat([angles.sin(), angles.cos()], dim=1)
+
+
+def sinusoidal_grid_positions(grid: tuple[int, int], dim: int) -> torch.Tensor:
+    """A 2-D code ``(L, dim)`` for a ``gh x gw`` grid in row-major order: the row's code in the first half,
+    the column's in the second. (The LSTM's ``sinusoidal_grid_code`` uses frequencies ``pi * 2^k``, which
+    overflow float32 at ``dim`` in the hundreds, hence this code with the Transformer's frequencies.)"""
+    if dim % 4:
+        raise ValueError(f"a 2-D sinusoidal code needs a size that is a multiple of 4, got {dim}")
+    gh, gw = grid
+    rows, cols = sinusoidal_code(gh, dim // 2), sinusoidal_code(gw, dim // 2)
+    return torch.cat([rows[:, None, :].expand(gh, gw, -1), cols[None, :, :].expand(gh, gw, -1)], dim=-1).reshape(gh * gw, dim)
+
+
+class DecoderLayer(nn.Module):
+    """One pre-norm layer: masked self-attention, cross-attention over the regions, feed-forward."""
+
+    def __init__(self, d_model: int, num_heads: int, ffn_dim: int, dropout: float):
+        super().__init__()
+        self.num_heads, self.head_dim = num_heads, d_model // num_heads
+        self.norm_self, self.norm_cross, self.norm_ffn = nn.LayerNorm(d_model), nn.LayerNorm(d_model), nn.LayerNorm(d_model)
+        self.self_qkv = nn.Linear(d_model, 3 * d_model)
+        self.self_out = nn.Linear(d_model, d_model)
+        self.cross_q = nn.Linear(d_model, d_model)
+        self.cross_kv = nn.Linear(d_model, 2 * d_model)
+        self.cross_out = nn.Linear(d_model, d_model)
+        self.ffn = nn.Sequential(nn.Linear(d_model, ffn_dim), nn.ReLU(), nn.Dropout(dropout), nn.Linear(ffn_dim, d_model))
+        self.dropout = nn.Dropout(dropout)
+
+    def split_heads(self, x: torch.Tensor, parts: int) -> torch.Tensor:
+        """``(B, T, parts * d_model)`` -> ``(parts, B, heads, T, d_head)``."""
+        b, t, _ = x.shape
+        return x.view(b, t, parts, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+
+    @staticmethod
+    def merge_heads(x: torch.Tensor) -> torch.Tensor:
+        """``(B, heads, T, d_head)`` -> ``(B, T, d_model)``."""
+        b, h, t, d = x.shape
+        return x.transpose(1, 2).reshape(b, t, h * d)
+
+    def memory_kv(self, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Cross-attention keys and values, each ``(B, heads, L, d_head)``, of ``memory`` (B, L, d_model)."""
+        keys, values = self.split_heads(self.cross_kv(memory), 2)
+        return keys.contiguous(), values.contiguous()
+
+    def forward(self, x: torch.Tensor, memory_kv: tuple[torch.Tensor, torch.Tensor], self_mask: torch.Tensor | None = None,
+                past_kv: tuple[torch.Tensor, torch.Tensor] | None = None, need_weights: bool = False
+                ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor], torch.Tensor | None]:
+        """Positions ``x`` (B, T, d_model) -> ``(x, (keys, values), weights)``.
+
+        ``memory_kv`` from :meth:`memory_kv`; ``self_mask`` (B, 1, T, t+T) bool, true where a word may attend
+        (``None``: every key); ``past_kv`` the self-attention keys and values ``(B, heads, t, d_head)`` of t
+        earlier positions. The returned keys and values ``(B, heads, t+T, d_head)`` cover the earlier
+        positions and this call's; ``weights`` (B, heads, T, L) are the cross-attention probabilities when
+        ``need_weights``.
+        """
+        q, k, v = self.split_heads(self.self_qkv(self.norm_self(x)), 3)
+        if past_kv is not None:
+            k, v = torch.cat([past_kv[0], k], dim=2), torch.cat([past_kv[1], v], dim=2)
+        attended = F.scaled_dot_product_attention(q, k, v, attn_mask=self_mask)
+        x = x + self.dropout(self.self_out(self.merge_heads(attended)))
+
+        q = self.split_heads(self.cross_q(self.norm_cross(x)), 1)[0]
+        keys, values = memory_kv
+        weights = None
+        if need_weights:
+            weights = torch.softmax(q @ keys.transpose(-1, -2) / math.sqrt(self.head_dim), dim=-1)
+            attended = weights @ values
+        else:
+            attended = F.scaled_dot_product_attention(q, keys, values)
+        x = x + self.dropout(self.cross_out(self.merge_heads(attended)))
+        x = x + self.dropout(self.ffn(self.norm_ffn(x)))
+        return x, (k, v), weights
+
+
+class TransformerDecoder(nn.Module):
+    """Pre-norm Transformer decoder over image regions with a key/value cache for decoding."""
+
+    def __init__(self, config: TransformerDecoderConfig):
+        super().__init__()
+        self.config = c = config
+        if c.d_model % c.num_heads:
+            raise ValueError(f"model.d_model ({c.d_model}) must be a multiple of model.num_heads ({c.num_heads})")
+        if c.region_position not in ("learned", "sinusoidal"):
+            raise ValueError(f"model.region_position must be learned or sinusoidal, not {c.region_position!r}")
+        if not -c.num_layers <= c.attention_layer < c.num_layers:
+            raise ValueError(f"model.attention_layer must name one of the {c.num_layers} layers, not {c.attention_layer}")
+        self.attention_layer = c.attention_layer % c.num_layers
+        num_regions = c.grid[0] * c.grid[1]
+        self.region_proj = nn.Linear(c.region_dim, c.d_model)
+        self.region_norm = nn.LayerNorm(c.d_model)
+        if c.region_position == "learned":
+            self.region_position = nn.Parameter(torch.randn(num_regions, c.d_model) * 0.02)
+        else:
+            self.register_buffer("region_position", sinusoidal_grid_positions(tuple(c.grid), c.d_model), persistent=False)
+        self.embedding = nn.Embedding(c.vocab_size, c.d_model)
+        nn.init.normal_(self.embedding.weight, std=c.d_model ** -0.5)   # sqrt(d_model) * E y has unit scale
+        self.register_buffer("word_position", sinusoidal_code(c.max_length, c.d_model), persistent=False)
+        self.dropout = nn.Dropout(c.dropout)
+        self.layers = nn.ModuleList(DecoderLayer(c.d_model, c.num_heads, c.ffn_dim, c.dropout) for _ in range(c.num_layers))
+        self.final_norm = nn.LayerNorm(c.d_model)
+        self.out_words = nn.Linear(c.d_model, c.vocab_size)
+        if c.tie_embeddings:
+            self.out_words.weight = self.embedding.weight
+
+    # -- pieces shared by teacher forcing and step-by-step decoding ---------------------------------
+    def prepare_regions(self, features: torch.Tensor) -> torch.Tensor:
+        """Encoder features ``(B, L, D)`` -> memory ``(B, L, d_model)``: projected, normalised, positioned."""
+        if features.shape[1] != self.region_position.shape[0]:
+            raise ValueError(f"expected {self.region_position.shape[0]} regions (grid {tuple(self.config.grid)}), "
+                             f"got {features.shape[1]}")
+        return self.dropout(self.region_norm(self.region_proj(features)) + self.region_position)
+
+    def embed(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Words ``tokens`` (B, T) at ``positions`` (B, T) or (T,) -> inputs ``(B, T, d_model)``."""
+        return self.dropout(self.embedding(tokens) * math.sqrt(self.config.d_model) + self.word_position[positions])
+
+    def check_length(self, words: int) -> None:
+        """Word positions exist up to ``max_length``: refuse to read or decode ``words`` beyond that."""
+        if words > self.config.max_length:
+            raise ValueError(f"{words} word positions exceed model.max_length={self.config.max_length}")
+
+    def memory_kv(self, memory: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Every layer's cross-attention keys and values, each ``(B, heads, L, d_head)``."""
+        return [layer.memory_kv(memory) for layer in self.layers]
+
+    def run_layers(self, tokens: torch.Tensor, memory_kv: list[tuple[torch.Tensor, torch.Tensor]]
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Teacher-forced pass of ``tokens`` (B, T) (``<pad>`` = 0) over ``memory_kv`` from :meth:`memory_kv`.
+
+        Returns ``logits`` (B, T, V) and the reported layer's per-head cross-attention ``(B, heads, T, L)``.
+        """
+        steps = tokens.shape[1]
+        self.check_length(steps)
+        causal = torch.ones(steps, steps, dtype=torch.bool, device=tokens.device).tril()
+        self_mask = (causal & (tokens != 0)[:, None, :])[:, None]                  # (B, 1, T, T)
+        x = self.embed(tokens, torch.arange(steps, device=tokens.device))
+        for i, (layer, layer_kv) in enumerate(zip(self.layers, memory_kv)):
+            x, _, layer_weights = layer(x, layer_kv, self_mask, need_weights=i == self.attention_layer)
+            if layer_weights is not None:
+                weights = layer_weights
+        return self.out_words(self.final_norm(x)), weights
+
+    # -- teacher forcing ------------------------------------------------------------------------------
+    def forward(self, features: torch.Tensor, captions: torch.Tensor, heads: bool = False) -> dict[str, torch.Tensor]:
+        """Teacher-forced pass.
+
+        ``features`` (B, L, D); ``captions`` (B, T+1) = ``<start> w_1 .. <end> <pad>..``. Returns ``logits``
+        (B, T, V) predicting ``captions[:, 1:]`` and ``alpha`` (B, T, L), the reported layer's
+        cross-attention averaged over heads; with ``heads``, also its per-head maps ``alpha_heads``
+        (B, heads, T, L). ``<pad>`` keys are masked, so padding never changes a real word's logits.
+        """
+        memory_kv = self.memory_kv(self.prepare_regions(features))
+        logits, weights = self.run_layers(captions[:, :-1], memory_kv)
+        out = {"logits": logits, "alpha": weights.mean(dim=1)}
+        if heads:
+            out["alpha_heads"] = weights
+        return out
+
+    # -- the decode-step interface --------------------------------------------------------------------
+    def init_state(self, features: torch.Tensor, use_cache: bool = True) -> dict[str, torch.Tensor]:
+        """Per-image state for step-by-step decoding from features ``(B, L, D)`` (see the module docstring)."""
+        memory = self.prepare_regions(features)
+        batch = features.shape[0]
+        position = torch.zeros(batch, dtype=torch.long, device=features.device)
+        if not use_cache:
+            return {"memory": memory, "tokens": torch.empty(batch, 0, dtype=torch.long, device=features.device),
+                    "position": position}
+        state = {"position": position}
+        for i, (keys, values) in enumerate(self.memory_kv(memory)):
+            state[f"cross_k{i}"], state[f"cross_v{i}"] = keys, values
+            state[f"self_k{i}"] = state[f"self_v{i}"] = keys.new_empty(batch, keys.shape[1], 0, keys.shape[3])
+        return state
+
+    def step(self, tokens: torch.Tensor, state: dict[str, torch.Tensor]
+             ) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """One word: ``tokens`` (N,) previous words -> ``log_probs`` (N, V) float32, new state, and the
+        word's attention ``{"alpha": (N, L)}``."""
+        position = state["position"]
+        if "memory" in state:
+            prefix = torch.cat([state["tokens"], tokens[:, None]], dim=1)
+            logits, weights = self.run_layers(prefix, self.memory_kv(state["memory"]))
+            new_state = {**state, "tokens": prefix, "position": position + 1}
+            return torch.log_softmax(logits[:, -1].float(), dim=-1), new_state, {"alpha": weights[:, :, -1].mean(dim=1)}
+        self.check_length(state["self_k0"].shape[2] + 1)
+        x = self.embed(tokens[:, None], position[:, None])
+        new_state = {**state, "position": position + 1}
+        for i, layer in enumerate(self.layers):
+            x, (keys, values), layer_weights = layer(
+                x, (state[f"cross_k{i}"], state[f"cross_v{i}"]), past_kv=(state[f"self_k{i}"], state[f"self_v{i}"]),
+                need_weights=i == self.attention_layer)
+            new_state[f"self_k{i}"], new_state[f"self_v{i}"] = keys, values
+            if layer_weights is not None:
+                alpha = layer_weights.mean(dim=1)[:, 0]
+        log_probs = torch.log_softmax(self.out_words(self.final_norm(x[:, 0])).float(), dim=-1)
+        return log_probs, new_state, {"alpha": alpha}
