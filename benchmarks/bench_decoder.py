@@ -18,39 +18,18 @@ import platform
 import time
 
 import torch
+from common import END, START, VOCAB, matmul_peak_gflops, random_captions
 from torch.utils.flop_counter import FlopCounterMode
 
 from captioner.decoding.search import beam_search
 from captioner.models.lstm_decoder import LSTMDecoder, LSTMDecoderConfig
 from captioner.training.losses import caption_loss
 
-START, END = 1, 2
-
 
 def paper_decoder(region_dim: int = 512) -> LSTMDecoder:
-    config = LSTMDecoderConfig(vocab_size=10_000, region_dim=region_dim, grid=(14, 14), attention="additive",
+    config = LSTMDecoderConfig(vocab_size=VOCAB, region_dim=region_dim, grid=(14, 14), attention="additive",
                                attention_dim=512, embed_dim=512, hidden_dim=512, dropout=0.5)
     return LSTMDecoder(config)
-
-
-def random_captions(batch: int, generator: torch.Generator) -> torch.Tensor:
-    """``<start> w.. <end> <pad>..`` with 10-22 words each."""
-    lengths = torch.randint(10, 23, (batch,), generator=generator)
-    captions = torch.zeros(batch, int(lengths.max()) + 2, dtype=torch.long)
-    for row, n in enumerate(lengths.tolist()):
-        captions[row, 0] = START
-        captions[row, 1 : n + 1] = torch.randint(4, 10_000, (n,), generator=generator)
-        captions[row, n + 1] = END
-    return captions
-
-
-def matmul_peak_gflops(size: int = 2048, repeats: int = 10) -> float:
-    a, b = torch.randn(size, size), torch.randn(size, size)
-    a @ b
-    started = time.perf_counter()
-    for _ in range(repeats):
-        a @ b
-    return 2 * size**3 * repeats / (time.perf_counter() - started) / 1e9
 
 
 def bench_training(decoder: LSTMDecoder, steps: int, batch: int = 32) -> dict:

@@ -22,24 +22,13 @@ from functools import partial
 from types import SimpleNamespace
 
 import torch
+from common import END, START, VOCAB, random_captions
 
 from captioner.decoding.search import beam_search
 from captioner.models.transformer_decoder import TransformerDecoder, TransformerDecoderConfig
 from captioner.training.losses import caption_loss
 
-START, END = 1, 2
-VOCAB, REGIONS, REGION_DIM = 10_000, 196, 512
-
-
-def random_captions(batch: int, generator: torch.Generator) -> torch.Tensor:
-    """``<start> w.. <end> <pad>..`` with 10-22 words each."""
-    lengths = torch.randint(10, 23, (batch,), generator=generator)
-    captions = torch.zeros(batch, int(lengths.max()) + 2, dtype=torch.long)
-    for row, n in enumerate(lengths.tolist()):
-        captions[row, 0] = START
-        captions[row, 1 : n + 1] = torch.randint(4, VOCAB, (n,), generator=generator)
-        captions[row, n + 1] = END
-    return captions
+REGIONS, REGION_DIM = 196, 512
 
 
 def synchronise(device: torch.device) -> None:

@@ -1,4 +1,4 @@
-"""The ``captioner`` command line: data, cache-features, train, evaluate, caption, attend, compare, demo.
+"""The ``captioner`` command line: data, cache-features, train, evaluate, ground, caption, attend, compare, demo.
 
 User errors (bad files, configs, checkpoints) print one line naming the file and what is wrong and exit
 with status 1; ``--debug`` shows the traceback instead.
@@ -69,6 +69,15 @@ def _cmd_evaluate(args) -> int:
     scores = evaluate_checkpoint(args.checkpoint, args.split, beam_size=args.beam, out_dir=args.out,
                                  config_overrides=overrides, device=args.device, spice=args.spice)
     print(json.dumps(scores, indent=2))
+    return 0
+
+
+def _cmd_ground(args) -> int:
+    from captioner.evaluation.evaluate import ground_checkpoint
+    from captioner.evaluation.grounding import format_grounding
+
+    grounding = ground_checkpoint(args.checkpoint, args.split, beam_size=args.beam, out_dir=args.out, device=args.device)
+    print(json.dumps(grounding, indent=2) if args.json else format_grounding(grounding))
     return 0
 
 
@@ -170,6 +179,15 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--spice", action="store_true", help="also SPICE (needs Stanford CoreNLP)")
     evaluate.add_argument("--device", default="auto")
     evaluate.set_defaults(func=_cmd_evaluate)
+
+    ground = sub.add_parser("ground", help="measure whether attention falls on the named objects (shapes data)")
+    ground.add_argument("checkpoint")
+    ground.add_argument("--split", default="test")
+    ground.add_argument("--beam", type=int, default=None, help="beam size (default: the config's decode.beam)")
+    ground.add_argument("--out", help="folder for grounding_SPLIT.json (default: the checkpoint's folder)")
+    ground.add_argument("--json", action="store_true", help="print the JSON instead of the table")
+    ground.add_argument("--device", default="auto")
+    ground.set_defaults(func=_cmd_ground)
 
     caption = sub.add_parser("caption", help="caption image files")
     caption.add_argument("images", nargs="+")

@@ -48,7 +48,8 @@ DEFAULTS: dict = {
         "fine_tune_blocks": 0,
     },
     "model": {
-        "decoder": "lstm",          # lstm (Show, Attend and Tell)
+        "decoder": "lstm",          # lstm (Show, Attend and Tell) | transformer
+        # LSTM decoder
         "attention": "additive",    # additive | dot | scaled_dot | general | none
         "attention_mode": "soft",   # soft | hard (stochastic hard attention trained with REINFORCE)
         "attention_dim": 512,
@@ -56,8 +57,8 @@ DEFAULTS: dict = {
         "hidden_dim": 512,
         "dropout": 0.5,
         "gate": "scalar",           # scalar | vector | none  (the paper's beta gate)
-        "region_position": "none",  # none | sinusoidal: append a 2-D position code to each region
-        "position_dim": 32,
+        "region_position": "none",  # LSTM: none | sinusoidal (appended); transformer: + learned (added)
+        "position_dim": 32,         # LSTM: size of the appended sinusoidal code
         "doubly_stochastic": 1.0,   # lambda of the doubly stochastic attention regulariser
         # hard attention (attention_mode: hard), defaults of the paper's code
         "hard_decode": "argmax",    # argmax | sample: location chosen at inference
@@ -65,6 +66,14 @@ DEFAULTS: dict = {
         "location_samples": 1,      # location samples per caption in training
         "entropy_weight": 0.002,    # lambda_e of the entropy bonus
         "baseline_decay": 0.9,      # b_k = decay * b_{k-1} + (1 - decay) * log p(y | s, a)
+        # Transformer decoder (dropout and region_position above are shared)
+        "d_model": 512,
+        "num_layers": 3,
+        "num_heads": 8,
+        "ffn_dim": 2048,
+        "tie_embeddings": True,     # the output layer's weight is the word embedding
+        "attention_layer": -1,      # the layer whose cross-attention (mean over heads) is reported as alpha
+        "max_length": 64,           # most word positions a caption or a decoding may use
     },
     "train": {
         "epochs": 20,
@@ -73,7 +82,8 @@ DEFAULTS: dict = {
         "encoder_lr": 1e-4,
         "weight_decay": 0.0,
         "grad_clip": 5.0,
-        "lr_schedule": "none",      # none | step | cosine
+        "lr_schedule": "none",      # none | step | cosine | rsqrt (per step, after the warm-up)
+        "warmup_steps": 0,          # linear warm-up of the learning rate over this many steps
         "lr_step_epochs": 10,
         "lr_gamma": 0.5,
         "early_stopping": 5,        # epochs without improvement of train.metric; 0 = never stop early
@@ -84,6 +94,7 @@ DEFAULTS: dict = {
         "log_every": 50,
         "wandb": "offline",         # offline | online | disabled
         "amp": False,
+        "label_smoothing": 0.0,     # mix of the uniform distribution into the word targets
     },
     "decode": {
         "beam": 3,

@@ -15,10 +15,10 @@ from pathlib import Path
 from captioner.config import load_config
 from captioner.errors import CaptionerError
 
-DEMO_RUNS = ("soft", "none", "hard")
+DEMO_RUNS = ("soft", "none", "hard", "transformer")
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 FIGURE_IMAGES = 4
-SUMMARY_KEYS = ("BLEU-4", "CIDEr", "METEOR", "object_precision", "relation_accuracy")
+SUMMARY_KEYS = ("BLEU-4", "CIDEr", "METEOR", "object_precision", "relation_accuracy", "pointing_accuracy")
 
 
 def _data_overrides(data_dir: Path, features: Path) -> list[str]:
@@ -35,19 +35,35 @@ FAST_OVERRIDES = ["train.epochs=1", "model.hidden_dim=32", "model.attention_dim=
                   "train.val_max_images=16", "encoder.pretrained=false"]
 
 
-def ensure_shapes(data_dir: Path, num_images: int, seed: int = 0) -> None:
-    """Generate the shapes data unless ``data_dir`` already holds the same (seed, size) set."""
-    from captioner.data.shapes import generate_shapes
+def ensure_shapes(data_dir: Path, num_images: int, seed: int = 0) -> dict:
+    """Generate the shapes data unless ``data_dir`` already holds the same (seed, size, format) set;
+    returns the data's ``info`` block."""
+    from captioner.data.shapes import FORMAT_VERSION, generate_shapes
 
     marker = data_dir / "annotations" / "captions_test.json"
     if marker.exists():
         info = json.loads(marker.read_text()).get("info", {})
-        if info.get("seed") == seed and info.get("num_images") == num_images:
+        if (info.get("seed"), info.get("num_images"), info.get("version")) == (seed, num_images, FORMAT_VERSION):
             print(f"shapes data: reusing {data_dir}")
-            return
+            return info
     started = time.perf_counter()
     generate_shapes(data_dir, seed=seed, num_images=num_images)
     print(f"shapes data: {num_images} images in {time.perf_counter() - started:.1f} s -> {data_dir}")
+    return json.loads(marker.read_text())["info"]
+
+
+def reset_stale_features(features: Path, data_info: dict) -> None:
+    """Empty the feature cache when it was made from other shapes data (another seed, size or format),
+    so the resumable cache never mixes old features with new images."""
+    import shutil
+
+    stamp = features / "shapes_info.json"
+    if stamp.exists() and json.loads(stamp.read_text()) == data_info:
+        return
+    if features.exists():
+        shutil.rmtree(features)
+    features.mkdir(parents=True)
+    stamp.write_text(json.dumps(data_info, sort_keys=True))
 
 
 def cache_demo_features(config: dict) -> float:
@@ -99,14 +115,18 @@ def run_demo(out: Path, data_dir: Path, fast: bool = False, runs: tuple[str, ...
 
     started = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
-    ensure_shapes(data_dir, num_images=150 if fast else 3000)
+    data_info = ensure_shapes(data_dir, num_images=150 if fast else 3000)
+    reset_stale_features(out / "features", data_info)
     common = _data_overrides(data_dir, out / "features") + (FAST_OVERRIDES if fast else [])
     configs = {name: load_config(CONFIG_DIR / f"demo_{name}.yaml", common + [f"run.out={out / name}"]) for name in runs}
     feature_seconds = cache_demo_features(configs[runs[0]])
     print(f"features cached in {feature_seconds:.1f} s")
     summary: dict = {"runs": {}, "figures": [], "feature_seconds": round(feature_seconds, 1)}
     for name, config in configs.items():
-        print(f"\n== training '{name}' ({config['model']['attention']} attention) ==")
+        model = config["model"]
+        kind = ("Transformer decoder" if model["decoder"] == "transformer"
+                else f"LSTM, {model['attention']} {model['attention_mode']} attention")
+        print(f"\n== training '{name}' ({kind}) ==")
         result = train(config, overwrite=True)
         scores = evaluate_checkpoint(result["checkpoint"], "test", beam_size=3, out_dir=out / name, progress=False)
         summary["runs"][name] = {**{k: scores.get(k) for k in SUMMARY_KEYS}, "ROUGE-L": scores.get("ROUGE-L"),
@@ -128,10 +148,11 @@ def run_demo(out: Path, data_dir: Path, fast: bool = False, runs: tuple[str, ...
 
 
 def print_summary(summary: dict) -> None:
-    columns = ("BLEU-1", "BLEU-4", "METEOR", "ROUGE-L", "CIDEr", "object_precision", "relation_accuracy", "train_seconds")
-    print("\n" + "run".ljust(12) + "".join(c.rjust(19) for c in columns))
+    columns = ("BLEU-1", "BLEU-4", "METEOR", "ROUGE-L", "CIDEr", "object_precision", "relation_accuracy",
+               "pointing_accuracy", "train_seconds")
+    print("\n" + "run".ljust(12) + "".join(c.rjust(18) for c in columns))
     for name, row in summary["runs"].items():
-        cells = "".join(("-" if row.get(c) is None else f"{row[c]:.3f}" if c != "train_seconds" else f"{row[c]:.0f}").rjust(19)
+        cells = "".join(("-" if row.get(c) is None else f"{row[c]:.3f}" if c != "train_seconds" else f"{row[c]:.0f}").rjust(18)
                         for c in columns)
         print(name.ljust(12) + cells)
     print(f"total {summary['total_seconds']:.0f} s (features {summary['feature_seconds']:.0f} s)")

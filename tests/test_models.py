@@ -85,6 +85,21 @@ def test_doubly_stochastic_term_by_hand():
     torch.testing.assert_close(out["cross_entropy"], torch.log(torch.tensor(5.0)))
 
 
+def test_label_smoothing_mixes_uniform_targets_and_still_ignores_padding():
+    torch.manual_seed(0)
+    logits = torch.randn(2, 4, 7)
+    targets = torch.tensor([[4, 5, 2, 0], [6, 2, 0, 0]])
+    real = targets != 0
+    out = caption_loss(logits, targets, None, 0.0, label_smoothing=0.1)
+    expected = torch.nn.functional.cross_entropy(logits[real], targets[real], label_smoothing=0.1)
+    torch.testing.assert_close(out["loss"], expected)
+    # the reported cross-entropy stays the plain negative log-likelihood
+    torch.testing.assert_close(out["cross_entropy"], torch.nn.functional.cross_entropy(logits[real], targets[real]))
+    padded = logits.clone()
+    padded[~real] = 100.0
+    torch.testing.assert_close(caption_loss(padded, targets, None, 0.0, label_smoothing=0.1)["loss"], expected)
+
+
 @pytest.mark.parametrize("score", ["additive", "general", "none"])
 def test_beam_one_equals_greedy(score):
     decoder = make_decoder(score).eval()

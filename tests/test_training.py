@@ -150,7 +150,7 @@ def test_train_from_cached_features_then_cli_caption_and_evaluate(tiny_coco, tmp
 
 
 def test_hard_attention_run_round_trips_and_compare_writes_report(tiny_coco, tmp_path, capsys):
-    soft = train(tiny_config(tiny_coco, tmp_path / "soft", train={"epochs": 1}))
+    train(tiny_config(tiny_coco, tmp_path / "soft", train={"epochs": 1}))
     hard = train(tiny_config(tiny_coco, tmp_path / "hard", train={"epochs": 1}, model={"attention_mode": "hard"}))
     payload = load_checkpoint(hard["checkpoint"])
     assert payload["model"]["decoder.baseline_updates"] > 0  # the REINFORCE baseline was trained and saved
@@ -171,3 +171,45 @@ def test_hard_attention_run_round_trips_and_compare_writes_report(tiny_coco, tmp
     for line in markdown.splitlines():
         if line.startswith("!["):
             assert (report_dir / line.split("](")[1].rstrip(")")).exists()
+
+
+def learning_rates(schedule: str, warmup: int, steps: int, steps_per_epoch: int = 10, epochs: int = 3) -> list[float]:
+    parameter = torch.nn.Parameter(torch.zeros(1))
+    optimizer = torch.optim.SGD([parameter], lr=1.0)
+    config = {"train": {"lr_schedule": schedule, "warmup_steps": warmup, "epochs": epochs, "lr_gamma": 0.5,
+                        "lr_step_epochs": 1}}
+    scheduler = engine.make_scheduler(optimizer, config, steps_per_epoch)
+    rates = []
+    for _ in range(steps):
+        rates.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    return rates
+
+
+def test_learning_rate_schedules_per_step():
+    warm = learning_rates("rsqrt", warmup=4, steps=16)
+    assert warm[:4] == pytest.approx([0.25, 0.5, 0.75, 1.0])                     # linear warm-up
+    assert warm[15] == pytest.approx((4 / 16) ** 0.5)                             # then sqrt(warmup / step)
+    cosine = learning_rates("cosine", warmup=0, steps=30)
+    assert cosine[0] == 1.0 and cosine[15] == pytest.approx(0.5) and cosine[-1] < 0.01
+    assert learning_rates("step", warmup=0, steps=21)[::10] == pytest.approx([1.0, 0.5, 0.25])
+    with pytest.raises(CaptionerError, match="lr_schedule"):
+        learning_rates("linear", warmup=0, steps=1)
+
+
+def test_transformer_run_trains_captions_and_joins_the_comparison(tiny_coco, tmp_path, capsys):
+    model = {"decoder": "transformer", "d_model": 16, "num_layers": 1, "num_heads": 2, "ffn_dim": 32,
+             "region_position": "learned", "doubly_stochastic": 0.0, "max_length": 16}
+    run = train(tiny_config(tiny_coco, tmp_path / "transformer", model=model,
+                            train={"epochs": 1, "lr_schedule": "rsqrt", "warmup_steps": 2, "label_smoothing": 0.1}))
+    train(tiny_config(tiny_coco, tmp_path / "soft", train={"epochs": 1}))
+    image = tiny_coco / "images" / "test" / "302.png"
+    capsys.readouterr()
+    assert main(["caption", str(image), "--checkpoint", run["checkpoint"], "--json", "--device", "cpu"]) == 0
+    assert json.loads(capsys.readouterr().out)["image"] == str(image)
+    assert main(["attend", str(image), "--checkpoint", run["checkpoint"], "--out", str(tmp_path / "t.png"),
+                 "--device", "cpu"]) == 0
+    assert main(["compare", str(tmp_path / "soft"), str(tmp_path / "transformer"), "--out", str(tmp_path / "report"),
+                 "--images", "1", "--beam", "2"]) == 0
+    assert "| transformer |" in (tmp_path / "report" / "report.md").read_text()

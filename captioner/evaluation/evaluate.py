@@ -8,9 +8,12 @@ from pathlib import Path
 
 from captioner.data.dataset import CaptionDataset, image_transform
 from captioner.data.feature_cache import FeatureCache
-from captioner.data.readers import read_split
+from captioner.data.readers import read_json, read_split
+from captioner.errors import CaptionerError
 from captioner.evaluation.caption_metrics import score_captions, write_coco_results
 from captioner.evaluation.generate import caption_texts, generate_captions
+from captioner.evaluation.grounding import load_image_sizes, shapes_grounding
+from captioner.evaluation.shapes_metrics import load_shapes_objects, shapes_scores
 from captioner.training.checkpoint import load_model
 from captioner.utils import resolve_device
 
@@ -30,11 +33,10 @@ def split_dataset(config: dict, split: str, vocab, model) -> CaptionDataset:
     return CaptionDataset(records, vocab, transform=image_transform(model.encoder), **common)
 
 
-def evaluate_checkpoint(checkpoint: str | Path, split: str = "test", *, beam_size: int | None = None,
-                        out_dir: str | Path | None = None, config_overrides: dict | None = None,
-                        device: str = "auto", spice: bool = False, progress: bool = True) -> dict:
-    """Scores of ``checkpoint`` on ``split``; writes ``captions_{split}.json`` (COCO results format) and
-    ``scores_{split}.json`` into ``out_dir`` (default: the checkpoint's folder)."""
+def decode_split(checkpoint: str | Path, split: str, *, beam_size: int | None, config_overrides: dict | None,
+                 device: str, progress: bool):
+    """Load ``checkpoint`` and decode every image of ``split``: ``(model, vocab, config, dataset,
+    generations, beam_size)``."""
     model, vocab, config, _ = load_model(checkpoint, resolve_device(device))
     for section, values in (config_overrides or {}).items():
         config[section] = {**config[section], **values}
@@ -43,16 +45,36 @@ def evaluate_checkpoint(checkpoint: str | Path, split: str = "test", *, beam_siz
     dataset = split_dataset(config, split, vocab, model)
     generations = generate_captions(model, dataset, vocab, beam_size=beam_size, max_length=decode_cfg["max_length"],
                                     length_penalty=decode_cfg["length_penalty"], progress=progress)
+    return model, vocab, config, dataset, generations, beam_size
+
+
+def _shapes_objects(config: dict, split: str) -> tuple[dict, dict]:
+    """``(objects, image_sizes)`` of ``split`` when the config names shapes instances for it, else empty."""
+    instances = config["data"].get("instances", {}).get(split)
+    if not instances or not Path(instances).exists():
+        return {}, {}
+    objects = load_shapes_objects(instances)
+    return objects, (load_image_sizes(read_json(instances)) if objects else {})
+
+
+def evaluate_checkpoint(checkpoint: str | Path, split: str = "test", *, beam_size: int | None = None,
+                        out_dir: str | Path | None = None, config_overrides: dict | None = None,
+                        device: str = "auto", spice: bool = False, progress: bool = True) -> dict:
+    """Scores of ``checkpoint`` on ``split``; writes ``captions_{split}.json`` (COCO results format) and
+    ``scores_{split}.json`` into ``out_dir`` (default: the checkpoint's folder). On the shapes data the
+    scores add object precision, relation accuracy and attention grounding (``pointing_accuracy``)."""
+    model, vocab, config, dataset, generations, beam_size = decode_split(
+        checkpoint, split, beam_size=beam_size, config_overrides=config_overrides, device=device, progress=progress)
     texts = caption_texts(generations, vocab)
     references = {r.image_id: r.captions for r in dataset.records}
     scores = score_captions(references, texts, spice=spice)
-    instances = config["data"].get("instances", {}).get(split)
-    if instances and Path(instances).exists():
-        from captioner.evaluation.shapes_metrics import load_shapes_objects, shapes_scores
-
-        objects = load_shapes_objects(instances)
-        if objects:
-            scores.update(shapes_scores(texts, objects))
+    objects, image_sizes = _shapes_objects(config, split)
+    if objects:
+        scores.update(shapes_scores(texts, objects))
+        grounding = shapes_grounding(generations, vocab, objects, image_sizes, tuple(model.encoder.grid))
+        if grounding is not None:
+            scores["pointing_accuracy"] = grounding["pointing_accuracy"]
+            scores["grounding"] = grounding
     scores["images"] = len(texts)
     scores["beam"] = beam_size
     out_dir = Path(out_dir) if out_dir else Path(checkpoint).parent
@@ -60,3 +82,22 @@ def evaluate_checkpoint(checkpoint: str | Path, split: str = "test", *, beam_siz
     write_coco_results(texts, out_dir / f"captions_{split}.json")
     (out_dir / f"scores_{split}.json").write_text(json.dumps(scores, indent=2))
     return scores
+
+
+def ground_checkpoint(checkpoint: str | Path, split: str = "test", *, beam_size: int | None = None,
+                      out_dir: str | Path | None = None, device: str = "auto", progress: bool = True) -> dict:
+    """Attention grounding of ``checkpoint``'s captions on ``split`` (shapes data); writes
+    ``grounding_{split}.json`` into ``out_dir`` (default: the checkpoint's folder)."""
+    model, vocab, config, _, generations, _ = decode_split(
+        checkpoint, split, beam_size=beam_size, config_overrides=None, device=device, progress=progress)
+    objects, image_sizes = _shapes_objects(config, split)
+    if not objects:
+        raise CaptionerError(f"{checkpoint}: its config names no shapes instances file for split '{split}' "
+                             "(data.instances), so there are no boxes to ground words in")
+    grounding = shapes_grounding(generations, vocab, objects, image_sizes, tuple(model.encoder.grid))
+    if grounding is None:
+        raise CaptionerError(f"{checkpoint}: this decoder reports no attention maps (model.attention=none)")
+    out_dir = Path(out_dir) if out_dir else Path(checkpoint).parent
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"grounding_{split}.json").write_text(json.dumps(grounding, indent=2))
+    return grounding

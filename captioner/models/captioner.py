@@ -5,8 +5,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from captioner.errors import CaptionerError
 from captioner.models.encoder import Encoder, EncoderConfig, build_encoder
 from captioner.models.lstm_decoder import LSTMDecoder, LSTMDecoderConfig
+from captioner.models.transformer_decoder import TransformerDecoder, TransformerDecoderConfig
 
 
 class Captioner(nn.Module):
@@ -41,7 +43,16 @@ def build_decoder(model_config: dict, vocab_size: int, feature_dim: int, grid: t
             dropout=m["dropout"], gate=m["gate"], region_position=m["region_position"],
             position_dim=m["position_dim"], attention_mode=m["attention_mode"], hard_decode=m["hard_decode"],
             expectation_probability=m["expectation_probability"], location_samples=m["location_samples"]))
-    raise ValueError(f"model.decoder must be lstm, not {m['decoder']!r}")
+    if m["decoder"] == "transformer":
+        if m["attention_mode"] != "soft" or m["attention"] != "additive":
+            raise CaptionerError("model.decoder=transformer uses multi-head scaled dot-product attention: "
+                                 "leave model.attention and model.attention_mode at their defaults")
+        return TransformerDecoder(TransformerDecoderConfig(
+            vocab_size=vocab_size, region_dim=feature_dim, grid=tuple(grid), d_model=m["d_model"],
+            num_layers=m["num_layers"], num_heads=m["num_heads"], ffn_dim=m["ffn_dim"], dropout=m["dropout"],
+            region_position=m["region_position"], tie_embeddings=m["tie_embeddings"],
+            attention_layer=m["attention_layer"], max_length=m["max_length"]))
+    raise CaptionerError(f"model.decoder must be lstm or transformer, not {m['decoder']!r}")
 
 
 def build_model(config: dict, vocab_size: int, pretrained: bool | None = None) -> Captioner:

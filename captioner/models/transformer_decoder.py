@@ -9,7 +9,7 @@ Words attend to earlier words (masked self-attention) and to the L regions of th
 
 and a final LayerNorm feed the output layer. Words enter as ``sqrt(d_model) * E y + P_word`` (sinusoidal
 positions); regions as ``memory = LayerNorm(W_r a) + P_region`` with a learned or a 2-D sinusoidal
-position per grid cell. The output layer may share its weight with ``E`` (``tie_embeddings``).
+position per grid cell (or none: then only what the CNN features themselves carry locates a region). The output layer may share its weight with ``E`` (``tie_embeddings``).
 
 The attention map reported for each word, ``alpha`` (rows sum to 1), is the cross-attention of layer
 ``attention_layer`` averaged over heads; that layer's cross-attention is computed explicitly to get its
@@ -50,7 +50,7 @@ class TransformerDecoderConfig:
     num_heads: int = 8
     ffn_dim: int = 2048
     dropout: float = 0.1
-    region_position: str = "learned"  # learned | sinusoidal: position code added to the projected regions
+    region_position: str = "learned"  # learned | sinusoidal | none: position code added to the projected regions
     tie_embeddings: bool = True       # the output layer's weight is the word embedding
     attention_layer: int = -1         # the layer whose cross-attention is reported as alpha
     max_length: int = 64              # most word positions (input words of a caption, or decoding steps)
@@ -145,8 +145,8 @@ class TransformerDecoder(nn.Module):
         self.config = c = config
         if c.d_model % c.num_heads:
             raise ValueError(f"model.d_model ({c.d_model}) must be a multiple of model.num_heads ({c.num_heads})")
-        if c.region_position not in ("learned", "sinusoidal"):
-            raise ValueError(f"model.region_position must be learned or sinusoidal, not {c.region_position!r}")
+        if c.region_position not in ("learned", "sinusoidal", "none"):
+            raise ValueError(f"model.region_position must be learned, sinusoidal or none, not {c.region_position!r}")
         if not -c.num_layers <= c.attention_layer < c.num_layers:
             raise ValueError(f"model.attention_layer must name one of the {c.num_layers} layers, not {c.attention_layer}")
         self.attention_layer = c.attention_layer % c.num_layers
@@ -156,7 +156,9 @@ class TransformerDecoder(nn.Module):
         if c.region_position == "learned":
             self.region_position = nn.Parameter(torch.randn(num_regions, c.d_model) * 0.02)
         else:
-            self.register_buffer("region_position", sinusoidal_grid_positions(tuple(c.grid), c.d_model), persistent=False)
+            code = (sinusoidal_grid_positions(tuple(c.grid), c.d_model) if c.region_position == "sinusoidal"
+                    else torch.zeros(num_regions, c.d_model))
+            self.register_buffer("region_position", code, persistent=False)
         self.embedding = nn.Embedding(c.vocab_size, c.d_model)
         nn.init.normal_(self.embedding.weight, std=c.d_model ** -0.5)   # sqrt(d_model) * E y has unit scale
         self.register_buffer("word_position", sinusoidal_code(c.max_length, c.d_model), persistent=False)

@@ -111,19 +111,23 @@ def make_optimizer(model, config: dict) -> torch.optim.Optimizer:
     return torch.optim.Adam(groups, weight_decay=train["weight_decay"])
 
 
-def make_scheduler(optimizer, config: dict) -> torch.optim.lr_scheduler.LRScheduler:
-    """Per-epoch learning-rate schedule: none, step (``lr_gamma`` every ``lr_step_epochs``) or cosine."""
+def make_scheduler(optimizer, config: dict, steps_per_epoch: int) -> torch.optim.lr_scheduler.LRScheduler:
+    """Per-step learning-rate factor: a linear warm-up over ``train.warmup_steps``, then ``none`` (constant),
+    ``step`` (times ``lr_gamma`` every ``lr_step_epochs``), ``cosine`` (to 0 at the last step) or ``rsqrt``
+    (``sqrt(warmup_steps / step)``, the Transformer's inverse-square-root decay)."""
     train = config["train"]
-    kind, epochs = train["lr_schedule"], train["epochs"]
-    if kind == "none":
-        factor = lambda epoch: 1.0  # noqa: E731
-    elif kind == "step":
-        factor = lambda epoch: train["lr_gamma"] ** (epoch // train["lr_step_epochs"])  # noqa: E731
-    elif kind == "cosine":
-        factor = lambda epoch: 0.5 * (1 + math.cos(math.pi * min(epoch, epochs) / epochs))  # noqa: E731
-    else:
-        raise CaptionerError(f"train.lr_schedule must be none, step or cosine, not {kind!r}")
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+    kind, warmup = train["lr_schedule"], train["warmup_steps"]
+    total = max(1, train["epochs"] * steps_per_epoch)
+    decays = {
+        "none": lambda step: 1.0,
+        "step": lambda step: train["lr_gamma"] ** (step // (steps_per_epoch * train["lr_step_epochs"])),
+        "cosine": lambda step: 0.5 * (1 + math.cos(math.pi * min(step, total) / total)),
+        "rsqrt": lambda step: math.sqrt(max(warmup, 1) / max(step + 1, warmup, 1)),
+    }
+    if kind not in decays:
+        raise CaptionerError(f"train.lr_schedule must be one of {', '.join(decays)}, not {kind!r}")
+    decay = decays[kind]
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup if warmup else 1.0) * decay(step))
 
 
 def autocast(device: torch.device, enabled: bool):
@@ -144,7 +148,7 @@ def validate(model, val_set: CaptionDataset, vocab: Vocabulary, config: dict) ->
     return score_captions(references, caption_texts(generations, vocab), java=False)
 
 
-def train_one_epoch(model, loader, optimizer, scaler, config: dict, progress: dict, logger: MetricsLogger,
+def train_one_epoch(model, loader, optimizer, scheduler, scaler, config: dict, progress: dict, logger: MetricsLogger,
                     stop: GracefulStop, save_last) -> bool:
     """One pass over ``loader``. Returns False when the run was asked to stop part-way."""
     train, device = config["train"], model.device
@@ -163,7 +167,7 @@ def train_one_epoch(model, loader, optimizer, scaler, config: dict, progress: di
         captions = batch["captions"].to(device, non_blocking=True)
         with autocast(device, train["amp"]):
             out = model(visual, captions)
-            losses = decoder_loss(model.decoder, out, captions[:, 1:], config["model"])
+            losses = decoder_loss(model.decoder, out, captions[:, 1:], config)
         loss = losses["loss"]
         if not torch.isfinite(loss):
             raise CaptionerError(f"non-finite loss ({loss.item()}) at step {progress['step'] + 1}, epoch "
@@ -175,6 +179,7 @@ def train_one_epoch(model, loader, optimizer, scaler, config: dict, progress: di
             torch.nn.utils.clip_grad_norm_(model.parameters(), train["grad_clip"])
         scaler.step(optimizer)
         scaler.update()
+        scheduler.step()
         progress["step"] += 1
         progress["batch_in_epoch"] += 1
         words_seen += int(losses["words"])
@@ -228,7 +233,7 @@ def train(config: dict, *, resume: bool = False, overwrite: bool = False) -> dic
     _check_cache_matches(config)
     model.to(device)
     optimizer = make_optimizer(model, config)
-    scheduler = make_scheduler(optimizer, config)
+    scheduler = make_scheduler(optimizer, config, math.ceil(len(train_set) / config["train"]["batch_size"]))
     scaler = torch.amp.GradScaler(device.type, enabled=config["train"]["amp"] and device.type == "cuda"
                                   and not torch.cuda.is_bf16_supported())
     progress = {"epoch": 0, "step": 0, "batch_in_epoch": 0, "best": float("-inf"), "stale": 0, "train_seconds": 0.0}
@@ -263,7 +268,7 @@ def train(config: dict, *, resume: bool = False, overwrite: bool = False) -> dic
                 loader = DataLoader(train_set, batch_size=train_cfg["batch_size"], sampler=sampler, collate_fn=collate,
                                     num_workers=config["data"]["num_workers"], pin_memory=device.type == "cuda",
                                     generator=torch.Generator())  # keeps the global random state untouched
-                if not train_one_epoch(model, loader, optimizer, scaler, config, progress, logger, stop, save_last):
+                if not train_one_epoch(model, loader, optimizer, scheduler, scaler, config, progress, logger, stop, save_last):
                     save_last()
                     stopped = True
                     log.warning("saved %s; continue with --resume", last_path)
@@ -271,7 +276,6 @@ def train(config: dict, *, resume: bool = False, overwrite: bool = False) -> dic
                 scores = validate(model, val_set, vocab, config)
                 progress["epoch"] += 1
                 progress["batch_in_epoch"] = 0
-                scheduler.step()
                 score = scores[train_cfg["metric"]]
                 improved = score > progress["best"]
                 if improved:

@@ -17,20 +17,26 @@ def doubly_stochastic_term(alpha: torch.Tensor, mask: torch.Tensor, weight: floa
 
 
 def caption_loss(logits: torch.Tensor, targets: torch.Tensor, alpha: torch.Tensor | None,
-                 doubly_stochastic: float, pad_index: int = 0) -> dict[str, torch.Tensor]:
+                 doubly_stochastic: float, pad_index: int = 0, label_smoothing: float = 0.0) -> dict[str, torch.Tensor]:
     """Loss of a teacher-forced batch.
 
     ``logits`` (B, T, V) predict ``targets`` (B, T); positions where ``targets == pad_index`` never count.
-    ``cross_entropy`` is the mean over real words; ``attention`` the doubly stochastic term.
+    ``cross_entropy`` is the mean negative log-likelihood of the real words (what is reported); the
+    optimised word term mixes it with the mean over the vocabulary of ``-log p`` by ``label_smoothing``.
+    ``attention`` is the doubly stochastic term.
     """
     mask = targets != pad_index
-    cross_entropy = F.cross_entropy(logits[mask].float(), targets[mask])
+    log_probs = F.log_softmax(logits[mask].float(), dim=-1)                    # (N, V), real words only
+    cross_entropy = -log_probs.gather(1, targets[mask].unsqueeze(1)).mean()
+    word_loss = cross_entropy
+    if label_smoothing > 0:
+        word_loss = (1 - label_smoothing) * cross_entropy - label_smoothing * log_probs.mean()
     out = {"cross_entropy": cross_entropy, "words": mask.sum()}
     if alpha is not None and doubly_stochastic > 0:
         out["attention"] = doubly_stochastic_term(alpha, mask, doubly_stochastic)
-        out["loss"] = cross_entropy + out["attention"]
+        out["loss"] = word_loss + out["attention"]
     else:
-        out["loss"] = cross_entropy
+        out["loss"] = word_loss
     return out
 
 
@@ -85,11 +91,14 @@ def hard_attention_loss(out: dict[str, torch.Tensor], targets: torch.Tensor, bas
     return result
 
 
-def decoder_loss(decoder, out: dict[str, torch.Tensor], targets: torch.Tensor, model_config: dict) -> dict[str, torch.Tensor]:
-    """The training loss for ``decoder``'s teacher-forced output ``out`` (soft or hard attention)."""
+def decoder_loss(decoder, out: dict[str, torch.Tensor], targets: torch.Tensor, config: dict) -> dict[str, torch.Tensor]:
+    """The training loss for ``decoder``'s teacher-forced output ``out`` under the resolved ``config``:
+    the REINFORCE surrogate for hard attention, else the (label-smoothed) cross-entropy."""
+    model_config = config["model"]
     if "log_prob_location" in out:
         return hard_attention_loss(out, targets, decoder.reward_baseline, decoder.baseline_updates,
                                    doubly_stochastic=model_config["doubly_stochastic"],
                                    entropy_weight=model_config["entropy_weight"],
                                    baseline_decay=model_config["baseline_decay"])
-    return caption_loss(out["logits"], targets, out.get("alpha"), model_config["doubly_stochastic"])
+    return caption_loss(out["logits"], targets, out.get("alpha"), model_config["doubly_stochastic"],
+                        label_smoothing=config["train"]["label_smoothing"])

@@ -22,6 +22,7 @@ from matplotlib.patches import Patch, Rectangle
 from PIL import Image
 
 from captioner.data.images import to_rgb
+
 BLUR_SIGMA_PER_CELL = 0.3
 """Standard deviation of the smoothing blur, as a fraction of one grid cell (per axis)."""
 DIMMED_BRIGHTNESS = 0.2

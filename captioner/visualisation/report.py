@@ -110,7 +110,8 @@ def learning_curves(runs: list[dict], path: Path) -> Path:
     val_ax.set(title=f"validation {metric}", xlabel="epoch")
     for ax in (loss_ax, val_ax):
         ax.grid(alpha=0.3)
-        ax.legend()
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend()
     return _save(figure, path)
 
 
