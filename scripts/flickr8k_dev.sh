@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Soft attention on the Flickr8k development subset (../shared/data/flickr8k-800: 700 train, 100 val images)
+# with the paper's VGG-19 encoder, end to end: cache features, train, evaluate on val, caption and draw
+# one photo. Usage: scripts/flickr8k_dev.sh [EPOCHS] (default 8). Never commit what it writes (runs/):
+# the photos and captions are for research use only.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+epochs="${1:-8}"
+captioner=.venv/bin/captioner
+config=configs/flickr8k_soft.yaml
+$captioner cache-features "$config" --splits train val
+$captioner train "$config" "train.epochs=$epochs" --overwrite
+$captioner evaluate runs/flickr8k_soft/best.pt --split val
+photo="$(ls ../shared/data/flickr8k-800/images | head -1)"
+$captioner caption "../shared/data/flickr8k-800/images/$photo" --checkpoint runs/flickr8k_soft/best.pt
+$captioner attend "../shared/data/flickr8k-800/images/$photo" --checkpoint runs/flickr8k_soft/best.pt \
+    --out runs/flickr8k_soft/attention_example.png
