@@ -66,6 +66,7 @@ DEFAULTS: dict = {
         "location_samples": 1,      # location samples per caption in training
         "entropy_weight": 0.002,    # lambda_e of the entropy bonus
         "baseline_decay": 0.9,      # b_k = decay * b_{k-1} + (1 - decay) * log p(y | s, a)
+        "hard_reward": "sequence",  # sequence: log p(y | s, a) (the paper) | per_word: divided by caption length
         # Transformer decoder (dropout and region_position above are shared)
         "d_model": 512,
         "num_layers": 3,

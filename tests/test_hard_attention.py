@@ -101,6 +101,23 @@ def test_baseline_follows_running_mean_of_reward():
         assert decoder.reward_baseline.item() == pytest.approx(expected, rel=1e-5)
 
 
+def test_per_word_reward_is_the_log_likelihood_divided_by_caption_length():
+    decoder = make_hard(expectation_probability=0.0).train()
+    torch.manual_seed(1)
+    out = decoder(torch.randn(3, 6, 6), CAPTIONS)
+    targets = CAPTIONS[:, 1:]
+    sequence = loss_of(decoder, out, targets)["reward"]
+    decoder.baseline_updates.zero_()
+    per_word = loss_of(decoder, out, targets, reward_kind="per_word")["reward"]
+    # rewards are reported as the batch mean; recompute both from the logits
+    token_log_probs = torch.log_softmax(out["logits"], -1).gather(2, targets.unsqueeze(2)).squeeze(2) * (targets != 0)
+    lengths = (targets != 0).sum(1)
+    assert sequence.item() == pytest.approx(token_log_probs.sum(1).mean().item(), rel=1e-5)
+    assert per_word.item() == pytest.approx((token_log_probs.sum(1) / lengths).mean().item(), rel=1e-5)
+    with pytest.raises(ValueError, match="hard_reward"):
+        loss_of(decoder, out, targets, reward_kind="per_token")
+
+
 def test_entropy_bonus_raises_entropy():
     decoder = make_hard(expectation_probability=0.0).train()
     features = torch.randn(8, 6, 6)

@@ -42,7 +42,7 @@ def caption_loss(logits: torch.Tensor, targets: torch.Tensor, alpha: torch.Tenso
 
 def hard_attention_loss(out: dict[str, torch.Tensor], targets: torch.Tensor, baseline: torch.Tensor,
                         baseline_updates: torch.Tensor, *, doubly_stochastic: float, entropy_weight: float,
-                        baseline_decay: float = 0.9, pad_index: int = 0) -> dict[str, torch.Tensor]:
+                        baseline_decay: float = 0.9, reward_kind: str = "sequence", pad_index: int = 0) -> dict[str, torch.Tensor]:
     """Surrogate loss whose gradient is the paper's estimator of ``-dL_s/dW`` (eq. 11-13).
 
     For each caption with sampled locations ``s`` (rows not in ``out["expectation_rows"]``):
@@ -58,6 +58,11 @@ def hard_attention_loss(out: dict[str, torch.Tensor], targets: torch.Tensor, bas
     before its use, so it starts at the reward's scale, not at 0).
     ``out`` is the decoder's training output; ``targets`` (B, T) are repeated to match it when the decoder
     drew several location samples per caption.
+
+    ``reward_kind="sequence"`` is the paper's reward, the caption's log-likelihood; ``"per_word"`` divides it by
+    the caption's length, so that long captions (lower log-likelihood whatever the locations) do not
+    read as bad locations: the same estimator up to a per-caption positive scale, with less variance
+    when caption lengths vary.
     """
     repeats = out.get("repeats", 1)
     if repeats > 1:
@@ -69,7 +74,9 @@ def hard_attention_loss(out: dict[str, torch.Tensor], targets: torch.Tensor, bas
     log_likelihood = token_log_probs.sum(dim=1)                                                      # (B,)
     cross_entropy = -log_likelihood.sum() / words
     sampled = (~out["expectation_rows"]).float()
-    reward = log_likelihood.detach()
+    if reward_kind not in ("sequence", "per_word"):
+        raise ValueError(f"model.hard_reward must be sequence or per_word, not {reward_kind!r}")
+    reward = log_likelihood.detach() / (mask.sum(dim=1).clamp_min(1) if reward_kind == "per_word" else 1)
     if baseline_updates == 0 and sampled.any():
         with torch.no_grad():
             baseline.copy_(reward[sampled.bool()].mean())  # the first batch sets b instead of comparing with 0
@@ -99,6 +106,6 @@ def decoder_loss(decoder, out: dict[str, torch.Tensor], targets: torch.Tensor, c
         return hard_attention_loss(out, targets, decoder.reward_baseline, decoder.baseline_updates,
                                    doubly_stochastic=model_config["doubly_stochastic"],
                                    entropy_weight=model_config["entropy_weight"],
-                                   baseline_decay=model_config["baseline_decay"])
+                                   baseline_decay=model_config["baseline_decay"], reward_kind=model_config["hard_reward"])
     return caption_loss(out["logits"], targets, out.get("alpha"), model_config["doubly_stochastic"],
                         label_smoothing=config["train"]["label_smoothing"])
