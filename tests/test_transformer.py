@@ -172,7 +172,7 @@ def test_rejects_bad_configs_and_too_long_inputs():
     with pytest.raises(ValueError, match="num_heads"):
         make_decoder(d_model=18)
     with pytest.raises(ValueError, match="region_position"):
-        make_decoder(region_position="none")
+        make_decoder(region_position="random")
     with pytest.raises(ValueError, match="attention_layer"):
         make_decoder(attention_layer=2)
     decoder = make_decoder(max_length=4)
