@@ -155,7 +155,7 @@ def draw_attention_figure(image: Image.Image, words: Sequence[str], attention: n
 
     legend = []
     if chosen is not None:
-        legend.append(Patch(fill=False, edgecolor=CHOSEN_COLOR, linewidth=2, label="sampled cell"))
+        legend.append(Patch(fill=False, edgecolor=CHOSEN_COLOR, linewidth=2, label="chosen cell (hard attention)"))
     if boxes is not None:
         legend.append(Patch(fill=False, edgecolor=BOX_COLOR, linewidth=1.5, linestyle="--", label="ground-truth box"))
     if legend:

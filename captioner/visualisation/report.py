@@ -71,7 +71,8 @@ def collect_run(run_dir: Path, split: str, beam_size: int, stats_images: int) ->
     scores_path = run_dir / f"scores_{split}.json"
     scores = (json.loads(scores_path.read_text()) if scores_path.exists()
               else evaluate_checkpoint(checkpoint, split, beam_size=beam_size, out_dir=run_dir, progress=False))
-    payload = load_checkpoint(checkpoint)
+    last = run_dir / "last.pt"   # the whole run's training time, not the time up to the best epoch
+    progress = load_checkpoint(last if last.exists() else checkpoint).get("progress", {})
     model, vocab, config, _ = load_model(checkpoint)
     metrics = _read_metrics(run_dir)
     val = [m for m in metrics if m.get("type") == "val"]
@@ -81,9 +82,8 @@ def collect_run(run_dir: Path, split: str, beam_size: int, stats_images: int) ->
     return {
         "name": run_dir.name, "dir": run_dir, "checkpoint": checkpoint, "config": config, "model": model,
         "vocab": vocab, "scores": scores, "metrics": metrics, "stats": stats,
-        "train_seconds": payload.get("progress", {}).get("train_seconds"),
-        "parameters": sum(t.numel() for k, t in payload["model"].items() if k.startswith("decoder.")
-                          and t.is_floating_point() and "position_code" not in k),
+        "train_seconds": progress.get("train_seconds"),
+        "parameters": sum(p.numel() for p in model.decoder.parameters()),   # trained weights, buffers excluded
         "words_per_s": next((m["words_per_s"] for m in reversed(val) if m.get("words_per_s")), None),
     }
 
