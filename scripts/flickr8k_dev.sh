@@ -11,7 +11,7 @@ config=configs/flickr8k_soft.yaml
 $captioner cache-features "$config" --splits train val
 $captioner train "$config" "train.epochs=$epochs" --overwrite
 $captioner evaluate runs/flickr8k_soft/best.pt --split val
-photo="$(ls ../shared/data/flickr8k-800/images | head -1)"
-$captioner caption "../shared/data/flickr8k-800/images/$photo" --checkpoint runs/flickr8k_soft/best.pt
-$captioner attend "../shared/data/flickr8k-800/images/$photo" --checkpoint runs/flickr8k_soft/best.pt \
+photos=(../shared/data/flickr8k-800/images/*.jpg)
+$captioner caption "${photos[@]:0:3}" --checkpoint runs/flickr8k_soft/best.pt
+$captioner attend "${photos[0]}" --checkpoint runs/flickr8k_soft/best.pt \
     --out runs/flickr8k_soft/attention_example.png
