@@ -18,12 +18,11 @@ import platform
 import time
 
 import torch
-from common import END, START, VOCAB, matmul_peak_gflops, random_captions
+from common import END, START, VOCAB, matmul_peak_gflops, random_captions, training_step
 from torch.utils.flop_counter import FlopCounterMode
 
 from captioner.decoding.search import beam_search
 from captioner.models.lstm_decoder import LSTMDecoder, LSTMDecoderConfig
-from captioner.training.losses import caption_loss
 
 
 def paper_decoder(region_dim: int = 512) -> LSTMDecoder:
@@ -38,13 +37,7 @@ def bench_training(decoder: LSTMDecoder, steps: int, batch: int = 32) -> dict:
     features = torch.randn(batch, 196, decoder.config.region_dim, generator=generator)
     batches = [random_captions(batch, generator) for _ in range(steps + 1)]
 
-    def step(captions):
-        out = decoder(features, captions)
-        loss = caption_loss(out["logits"], captions[:, 1:], out["alpha"], 1.0)
-        optimizer.zero_grad(set_to_none=True)
-        loss["loss"].backward()
-        optimizer.step()
-        return int(loss["words"])
+    step = training_step(decoder, features, optimizer, doubly_stochastic=1.0)
 
     decoder.train()
     step(batches[0])  # warm-up

@@ -22,11 +22,10 @@ from functools import partial
 from types import SimpleNamespace
 
 import torch
-from common import END, START, VOCAB, random_captions
+from common import END, START, VOCAB, random_captions, training_step
 
 from captioner.decoding.search import beam_search
 from captioner.models.transformer_decoder import TransformerDecoder, TransformerDecoderConfig
-from captioner.training.losses import caption_loss
 
 REGIONS, REGION_DIM = 196, 512
 
@@ -42,13 +41,7 @@ def bench_training(decoder: TransformerDecoder, device: torch.device, steps: int
     features = torch.randn(batch, REGIONS, REGION_DIM, generator=generator).to(device)
     batches = [random_captions(batch, generator).to(device) for _ in range(steps + 1)]
 
-    def step(captions: torch.Tensor) -> int:
-        out = decoder(features, captions)
-        loss = caption_loss(out["logits"], captions[:, 1:], out["alpha"], 0.0)
-        optimizer.zero_grad(set_to_none=True)
-        loss["loss"].backward()
-        optimizer.step()
-        return int(loss["words"])
+    step = training_step(decoder, features, optimizer, doubly_stochastic=0.0)
 
     decoder.train()
     step(batches[0])  # warm-up

@@ -59,3 +59,19 @@ def tiny_config(root, out, **sections):
     for section, values in sections.items():
         overrides += [f"{section}.{k}={json.dumps(v)}" for k, v in values.items()]
     return load_config(None, overrides)
+
+
+def memorise(decoder, features, captions, lr: float, steps: int = 150) -> float:
+    """Fit ``decoder`` to ``captions`` (B, T+1) of ``features`` (B, L, D) with Adam; returns the last loss."""
+    import torch
+
+    from captioner.training.losses import caption_loss
+
+    optimizer = torch.optim.Adam(decoder.parameters(), lr=lr)
+    for _ in range(steps):
+        out = decoder(features, captions)
+        loss = caption_loss(out["logits"], captions[:, 1:], out["alpha"], 0.0)["loss"]
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return loss.item()

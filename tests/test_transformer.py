@@ -8,7 +8,7 @@ import torch
 
 from captioner.decoding.search import beam_search, greedy, select_state
 from captioner.models.transformer_decoder import TransformerDecoder, TransformerDecoderConfig
-from captioner.training.losses import caption_loss
+from tests.conftest import memorise
 
 START, END = 1, 2
 VOCAB, DIM, GRID = 30, 12, (2, 3)
@@ -33,6 +33,13 @@ def captions_with_lengths(lengths: list[int], generator: torch.Generator) -> tor
         captions[row, 1 : n + 1] = torch.randint(4, VOCAB, (n,), generator=generator)
         captions[row, n + 1] = END
     return captions
+
+
+def assert_same_generation(a, b) -> None:
+    """Two decodings of one image agree: words, log-probability (1e-4) and attention maps (1e-5)."""
+    assert a.tokens == b.tokens
+    assert a.log_prob == pytest.approx(b.log_prob, abs=1e-4)
+    torch.testing.assert_close(a.attention["alpha"], b.attention["alpha"], rtol=1e-5, atol=1e-5)
 
 
 def test_causal_mask_does_not_leak():
@@ -96,9 +103,7 @@ def test_searches_with_and_without_cache_agree():
         cached = search(decoder, features, max_length=8, start_index=START, end_index=END)
         uncached = search(without_cache(decoder), features, max_length=8, start_index=START, end_index=END)
         for a, b in zip(cached, uncached):
-            assert a.tokens == b.tokens
-            assert a.log_prob == pytest.approx(b.log_prob, abs=1e-4)
-            torch.testing.assert_close(a.attention["alpha"], b.attention["alpha"], rtol=1e-5, atol=1e-5)
+            assert_same_generation(a, b)
 
 
 def test_beam_of_one_is_greedy_and_batch_equals_single_images():
@@ -110,10 +115,7 @@ def test_beam_of_one_is_greedy_and_batch_equals_single_images():
         assert a.tokens == b.tokens and a.log_prob == pytest.approx(b.log_prob, abs=1e-5)
     batched = beam_search(decoder, features, beam_size=3, **kw)
     for row, hypothesis in enumerate(batched):
-        single = beam_search(decoder, features[row : row + 1], beam_size=3, **kw)[0]
-        assert hypothesis.tokens == single.tokens
-        assert hypothesis.log_prob == pytest.approx(single.log_prob, abs=1e-4)
-        torch.testing.assert_close(hypothesis.attention["alpha"], single.attention["alpha"], rtol=1e-5, atol=1e-5)
+        assert_same_generation(hypothesis, beam_search(decoder, features[row : row + 1], beam_size=3, **kw)[0])
 
 
 def test_alpha_rows_sum_to_one_and_heads_average_to_alpha():
@@ -135,14 +137,7 @@ def test_memorises_four_captions_and_greedy_reproduces_them():
     generator = torch.Generator().manual_seed(4)
     features = torch.randn(4, 6, DIM, generator=generator)
     captions = captions_with_lengths([3, 4, 2, 4], generator)
-    optimizer = torch.optim.Adam(decoder.parameters(), lr=3e-3)
-    for _ in range(150):
-        out = decoder(features, captions)
-        loss = caption_loss(out["logits"], captions[:, 1:], out["alpha"], 0.0)["loss"]
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    assert loss.item() < 0.02
+    assert memorise(decoder, features, captions, lr=3e-3) < 0.02
     decoder.eval()
     generated = greedy(decoder, features, max_length=8, start_index=START, end_index=END)
     assert [g.tokens for g in generated] == [row[1 : row.tolist().index(END)].tolist() for row in captions]
