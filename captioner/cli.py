@@ -1,6 +1,6 @@
 """The ``captioner`` command line: data, cache-features, train, evaluate, ground, caption, attend, compare, demo.
 
-User errors (bad files, configs, checkpoints) print one line naming the file and what is wrong and exit
+User errors (bad files, configs, checkpoints, unwritable folders, full disks) print one line naming the file and what is wrong and exit
 with status 1; ``--debug`` shows the traceback instead.
 """
 
@@ -51,7 +51,8 @@ def _cmd_train(args) -> int:
     from captioner.config import load_config
     from captioner.training.engine import train
 
-    overrides = list(args.overrides) + (["train.wandb=disabled"] if args.no_wandb else [])
+    overrides = (list(args.overrides) + (["train.wandb=disabled"] if args.no_wandb else [])
+                 + (["data.strict=true"] if args.strict else []))
     config = load_config(args.config, overrides)
     result = train(config, resume=args.resume, overwrite=args.overwrite)
     print(json.dumps(result, indent=2))
@@ -93,7 +94,8 @@ def _cmd_caption(args) -> int:
 
     model, vocab, config, _ = _load(args.checkpoint, args.device)
     results = caption_files(model, vocab, args.images, beam_size=args.beam, max_length=config["decode"]["max_length"],
-                            length_penalty=config["decode"]["length_penalty"], max_pixels=config["data"]["max_pixels"])
+                            length_penalty=config["decode"]["length_penalty"],
+                            max_pixels=args.max_pixels or config["data"]["max_pixels"])
     for result in results:
         if result.error:
             print(f"captioner: error: {result.error}", file=sys.stderr)
@@ -111,14 +113,15 @@ def _cmd_attend(args) -> int:
     from captioner.visualisation.attention_figure import draw_attention_figure
 
     model, vocab, config, _ = _load(args.checkpoint, args.device)
+    max_pixels = args.max_pixels or config["data"]["max_pixels"]
     (result,) = caption_files(model, vocab, [args.image], beam_size=args.beam, max_length=config["decode"]["max_length"],
-                              length_penalty=config["decode"]["length_penalty"], max_pixels=config["data"]["max_pixels"])
+                              length_penalty=config["decode"]["length_penalty"], max_pixels=max_pixels)
     if result.error:
         raise CaptionerError(result.error)
     grid = model.encoder.grid
     alpha = attention_maps(result.generation, grid, "alpha")
     chosen = attention_maps(result.generation, grid, "chosen")
-    image = load_image(args.image, max_pixels=config["data"]["max_pixels"])
+    image = load_image(args.image, max_pixels=max_pixels)
     path = draw_attention_figure(image, result.words, alpha.numpy(), args.out,
                                  chosen=None if chosen is None else chosen.numpy(), title=result.caption)
     print(f"{args.image}: {result.caption}\nwrote {path}")
@@ -168,6 +171,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--resume", action="store_true", help="continue the run in run.out from last.pt")
     train.add_argument("--overwrite", action="store_true", help="replace an existing run in run.out")
     train.add_argument("--no-wandb", action="store_true", help="disable wandb logging")
+    train.add_argument("--strict", action="store_true", help="stop at the first unreadable or missing image "
+                       "instead of skipping it (data.strict)")
     train.set_defaults(func=_cmd_train)
 
     evaluate = sub.add_parser("evaluate", help="score a checkpoint on a split (BLEU, METEOR, ROUGE-L, CIDEr)")
@@ -195,6 +200,8 @@ def build_parser() -> argparse.ArgumentParser:
     caption.add_argument("--beam", type=int, default=3)
     caption.add_argument("--json", action="store_true", help="one JSON object per line")
     caption.add_argument("--device", default="auto")
+    caption.add_argument("--max-pixels", type=int, default=None, help="refuse larger images before decoding them "
+                       "(default: the checkpoint's data.max_pixels, 64 megapixels)")
     caption.set_defaults(func=_cmd_caption)
 
     attend = sub.add_parser("attend", help="draw where the model looked for each word")
@@ -203,6 +210,8 @@ def build_parser() -> argparse.ArgumentParser:
     attend.add_argument("--out", required=True, help="output PNG")
     attend.add_argument("--beam", type=int, default=3)
     attend.add_argument("--device", default="auto")
+    attend.add_argument("--max-pixels", type=int, default=None, help="refuse larger images before decoding them "
+                       "(default: the checkpoint's data.max_pixels, 64 megapixels)")
     attend.set_defaults(func=_cmd_attend)
 
     compare = sub.add_parser("compare", help="report comparing runs: metrics, curves, attention statistics, figures")
@@ -230,6 +239,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.debug:
             raise
         print(f"captioner: error: {err}", file=sys.stderr)
+        return 1
+    except OSError as err:  # an unwritable folder, a full disk: the file and the reason, no traceback
+        if args.debug:
+            raise
+        where = f"{err.filename}: " if err.filename else ""
+        print(f"captioner: error: {where}{err.strerror or err}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("captioner: interrupted", file=sys.stderr)

@@ -92,6 +92,7 @@ DEFAULTS: dict = {
         "val_beam": 1,              # beam size for validation decoding (1 = greedy)
         "val_max_images": 1000,     # validation decodes at most this many images
         "checkpoint_every": 0,      # also save 'last' every N steps (0 = at epoch ends only)
+        "nonfinite": "stop",        # a NaN/inf loss: stop (keeping the last good checkpoint) | skip the batch
         "log_every": 50,
         "wandb": "offline",         # offline | online | disabled
         "amp": False,

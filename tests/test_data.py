@@ -80,6 +80,9 @@ def test_coco_reader_errors_name_file_and_place(tmp_path):
     path = write_coco(tmp_path, {1: ["!!!"]})
     with pytest.raises(CaptionerError, match="annotation id 0: caption '!!!' has no words"):
         read_coco_captions(path, tmp_path, "train")
+    path = write_coco(tmp_path, {1: ["   "]})
+    with pytest.raises(CaptionerError, match="annotation id 0: caption '   ' has no words"):
+        read_coco_captions(path, tmp_path, "train")
     path.write_text(json.dumps({"images": [], "annotations": [{"id": 1, "image_id": 5, "caption": "x"}]}))
     with pytest.raises(CaptionerError, match="not listed in 'images'"):
         read_coco_captions(path, tmp_path, "train")

@@ -52,6 +52,12 @@ def load_model(path: str | Path, device: str | torch.device = "cpu"):
         model = build_model(config, len(vocab), pretrained=False)
     except (ValueError, KeyError, TypeError) as err:
         raise CaptionerError(f"{path}: its config cannot be built by this version ({err})") from None
+    expected = model.state_dict()
+    for name, tensor in payload["model"].items():
+        shape = expected.get(name, tensor).shape
+        if tensor.shape != shape and len(vocab) in shape:
+            raise CaptionerError(f"{path}: its vocabulary of {len(vocab)} words does not match its weights "
+                                 f"({name} is {tuple(tensor.shape)}, not {tuple(shape)})")
     try:
         model.load_state_dict(payload["model"])
     except RuntimeError as err:

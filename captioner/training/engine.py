@@ -157,10 +157,12 @@ def train_one_epoch(model, loader, optimizer, scheduler, scaler, config: dict, p
     bar = tqdm(loader, desc=f"epoch {progress['epoch'] + 1}/{train['epochs']}", unit="batch",
                initial=progress["batch_in_epoch"], total=progress["batch_in_epoch"] + len(loader), leave=False)
     for batch in bar:
-        if batch["errors"]:
-            for message in batch["errors"]:
+        for message in batch["errors"]:
+            if message not in progress["skipped_images"]:  # each image once, though it comes with every caption
+                progress["skipped_images"].append(message)
                 log.warning("skipped unreadable image: %s", message)
                 logger.log({"type": "skipped_image", "step": progress["step"], "error": message})
+        progress["batch_in_epoch"] += 1  # consumed, even if skipped below: a resumed run starts after it
         if batch["visual"] is None:
             continue
         visual = batch["visual"].to(device, non_blocking=True)
@@ -169,10 +171,15 @@ def train_one_epoch(model, loader, optimizer, scheduler, scaler, config: dict, p
             out = model(visual, captions)
             losses = decoder_loss(model.decoder, out, captions[:, 1:], config)
         loss = losses["loss"]
-        if not torch.isfinite(loss):
-            raise CaptionerError(f"non-finite loss ({loss.item()}) at step {progress['step'] + 1}, epoch "
-                                 f"{progress['epoch'] + 1}; the last good checkpoint is kept")
         optimizer.zero_grad(set_to_none=True)
+        if not torch.isfinite(loss):
+            where = f"step {progress['step'] + 1}, epoch {progress['epoch'] + 1}"
+            if train["nonfinite"] != "skip":
+                raise CaptionerError(f"non-finite loss ({loss.item()}) at {where}; the last good checkpoint is kept "
+                                     f"(train.nonfinite=skip skips such batches instead)")
+            log.warning("non-finite loss (%s) at %s: batch skipped", loss.item(), where)
+            logger.log({"type": "skipped_batch", "step": progress["step"] + 1, "loss": str(loss.item())})
+            continue
         scaler.scale(loss).backward()
         if train["grad_clip"]:
             scaler.unscale_(optimizer)
@@ -181,7 +188,6 @@ def train_one_epoch(model, loader, optimizer, scheduler, scaler, config: dict, p
         scaler.update()
         scheduler.step()
         progress["step"] += 1
-        progress["batch_in_epoch"] += 1
         words_seen += int(losses["words"])
         words_per_s = words_seen / (time.perf_counter() - started)
         bar.set_postfix(loss=f"{loss.item():.3f}", words_s=f"{words_per_s:.0f}")
@@ -208,10 +214,15 @@ def train(config: dict, *, resume: bool = False, overwrite: bool = False) -> dic
         raise CaptionerError(f"{last_path}: nothing to resume")
     if not resume and not overwrite and last_path.exists():
         raise CaptionerError(f"{run_dir}: already holds a run; pass --resume to continue it or --overwrite to replace it")
-    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise CaptionerError(f"{run_dir}: cannot create the run folder ({err.strerror or err})") from None
     if overwrite and not resume:
         for path in (last_path, best_path, run_dir / "metrics.jsonl"):
             path.unlink(missing_ok=True)
+    if config["train"]["nonfinite"] not in ("stop", "skip"):
+        raise CaptionerError(f"train.nonfinite must be 'stop' or 'skip', not {config['train']['nonfinite']!r}")
     device = resolve_device(config["run"]["device"])
     seed_everything(config["run"]["seed"])
 
@@ -236,7 +247,8 @@ def train(config: dict, *, resume: bool = False, overwrite: bool = False) -> dic
     scheduler = make_scheduler(optimizer, config, math.ceil(len(train_set) / config["train"]["batch_size"]))
     scaler = torch.amp.GradScaler(device.type, enabled=config["train"]["amp"] and device.type == "cuda"
                                   and not torch.cuda.is_bf16_supported())
-    progress = {"epoch": 0, "step": 0, "batch_in_epoch": 0, "best": float("-inf"), "stale": 0, "train_seconds": 0.0}
+    progress = {"epoch": 0, "step": 0, "batch_in_epoch": 0, "best": float("-inf"), "stale": 0, "train_seconds": 0.0,
+                "skipped_images": []}
     if checkpoint:
         model.load_state_dict(checkpoint["model"])
         optimizer.load_state_dict(checkpoint["optimizer"])
@@ -299,7 +311,7 @@ def train(config: dict, *, resume: bool = False, overwrite: bool = False) -> dic
     return {"best": progress["best"], "metric": train_cfg["metric"], "epochs": progress["epoch"],
             "step": progress["step"], "train_seconds": progress["train_seconds"], "stopped": stopped,
             "checkpoint": str(best_path if best_path.exists() else last_path), "run_dir": str(run_dir),
-            "words_per_s": progress.get("words_per_s")}
+            "words_per_s": progress.get("words_per_s"), "skipped_images": len(progress["skipped_images"])}
 
 
 def _check_cache_matches(config: dict) -> None:

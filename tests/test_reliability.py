@@ -1,0 +1,257 @@
+"""Reliability and security: bad images through the CLI, unreadable training images, crafted and
+mismatched checkpoints, kills during saves and mid-epoch, non-finite losses, full disks.
+
+Each test fails when its protection is removed: without the header check the bomb is decoded, without
+``weights_only`` the marker file appears, without the atomic rename the killed save leaves a torn file.
+"""
+
+import errno
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from captioner.cli import main
+from captioner.config import save_config
+from captioner.errors import CaptionerError
+from captioner.training import engine
+from captioner.training.checkpoint import load_checkpoint, load_model, save_checkpoint
+from captioner.training.engine import train
+from tests.conftest import tiny_config
+from tests.test_images import png_header_only
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tiny_coco, tmp_path_factory):
+    run = tmp_path_factory.mktemp("reliability") / "run"
+    return Path(train(tiny_config(tiny_coco, run, train={"epochs": 1}))["checkpoint"])
+
+
+def same_weights(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def one_line_errors(stderr: str) -> list[str]:
+    """The error lines of a command's stderr (progress bars aside), after checking there is no traceback."""
+    assert "Traceback" not in stderr
+    return [line for line in stderr.splitlines() if line.startswith("captioner: error")]
+
+
+def test_cli_captions_good_images_and_names_each_bad_one(checkpoint, tmp_path, capsys):
+    rng = np.random.default_rng(0)
+    rgb = Image.fromarray(rng.integers(0, 256, (40, 56, 3), dtype=np.uint8))
+    good = {"rgb.png": rgb, "gray.png": rgb.convert("L"), "rgba.png": rgb.convert("RGBA"),
+            "palette.png": rgb.convert("P"), "cmyk.jpg": rgb.convert("CMYK"), "one_pixel.png": rgb.resize((1, 1)),
+            "sixteen_bit.png": Image.fromarray((rng.integers(0, 65535, (40, 56))).astype(np.uint16))}
+    for name, image in good.items():
+        image.save(tmp_path / name)
+    exif = Image.Exif()
+    exif[0x0112] = 6  # rotated 90 degrees
+    rgb.save(tmp_path / "rotated.jpg", exif=exif)
+    good["rotated.jpg"] = None
+    (tmp_path / "empty.jpg").write_bytes(b"")
+    rgb.save(tmp_path / "whole.jpg")
+    (tmp_path / "truncated.jpg").write_bytes((tmp_path / "whole.jpg").read_bytes()[:300])
+    (tmp_path / "text.jpg").write_text("not an image\n")
+    png_header_only(tmp_path / "bomb.png", 30_000, 30_000)  # 900 megapixels claimed, no pixel data
+    bad = ["empty.jpg", "truncated.jpg", "text.jpg", "bomb.png", "missing.png"]
+    paths = [str(tmp_path / name) for name in [*good, *bad]]
+
+    capsys.readouterr()
+    code = main(["caption", *paths, "--checkpoint", str(checkpoint), "--json", "--device", "cpu"])
+    out = capsys.readouterr()
+    assert code == 1
+    captioned = [json.loads(line)["image"] for line in out.out.splitlines()]
+    assert captioned == [str(tmp_path / name) for name in good]
+    errors = one_line_errors(out.err)
+    assert len(errors) == len(bad)
+    for line, name in zip(errors, bad):
+        assert line.startswith(f"captioner: error: {tmp_path / name}: ")
+    assert "pixels" in errors[3] and "limit" in errors[3]
+
+    # The pixel limit is configurable: a 56x40 image is refused under a 1000-pixel limit.
+    code = main(["caption", str(tmp_path / "rgb.png"), "--checkpoint", str(checkpoint), "--max-pixels", "1000"])
+    errors = one_line_errors(capsys.readouterr().err)
+    assert code == 1 and len(errors) == 1 and "over the limit of 1000 pixels" in errors[0]
+
+
+def test_unreadable_training_images_are_skipped_and_listed_or_fatal_with_strict(tiny_coco, tmp_path, capsys):
+    data = tmp_path / "data"
+    shutil.copytree(tiny_coco, data)
+    (data / "images" / "train" / "101.png").write_text("broken")
+    (data / "images" / "train" / "102.png").unlink()
+    config = tiny_config(data, tmp_path / "run", train={"epochs": 2})
+    result = train(config)
+    assert result["skipped_images"] == 2 and result["epochs"] == 2
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    skipped = sorted(r["error"].split(":")[0] for r in records if r["type"] == "skipped_image")
+    assert skipped == [str(data / "images" / "train" / f"{i}.png") for i in (101, 102)]  # listed once each
+
+    save_config(config, tmp_path / "config.yaml")
+    capsys.readouterr()
+    code = main(["train", str(tmp_path / "config.yaml"), "--strict", "--overwrite", "--no-wandb"])
+    errors = one_line_errors(capsys.readouterr().err)
+    assert code == 1 and len(errors) == 1 and "images/train/10" in errors[0]
+
+
+def test_crafted_checkpoint_is_refused_and_runs_no_code(tmp_path, capsys):
+    marker = tmp_path / "pwned"
+
+    class Payload:
+        def __reduce__(self):
+            return (open, (str(marker), "w"))
+
+    crafted = tmp_path / "crafted.pt"
+    torch.save({"model": Payload(), "vocab": [], "config": {}}, crafted)
+    with pytest.raises(CaptionerError, match="crafted.pt: refused"):
+        load_checkpoint(crafted)
+    image = tmp_path / "image.png"
+    Image.new("RGB", (8, 8)).save(image)
+    assert main(["caption", str(image), "--checkpoint", str(crafted)]) == 1
+    errors = one_line_errors(capsys.readouterr().err)
+    assert len(errors) == 1 and "crafted.pt: refused" in errors[0]
+    assert not marker.exists()
+
+
+def test_checkpoint_of_another_architecture_or_vocabulary_gives_a_clear_message(checkpoint, tmp_path):
+    payload = load_checkpoint(checkpoint)
+    other = json.loads(json.dumps(payload["config"]))
+    other["model"]["hidden_dim"] = 24
+    save_checkpoint({**payload, "config": other}, tmp_path / "arch.pt")
+    with pytest.raises(CaptionerError, match=r"arch.pt: weights do not fit the architecture"):
+        load_model(tmp_path / "arch.pt")
+    vocab = payload["vocab"]
+    shorter = {**vocab, "words": vocab["words"][:-2]} if isinstance(vocab, dict) else vocab[:-2]
+    save_checkpoint({**payload, "vocab": shorter}, tmp_path / "vocab.pt")
+    with pytest.raises(CaptionerError, match=r"vocab.pt: .*vocabulary"):
+        load_model(tmp_path / "vocab.pt")
+
+
+def run_child(code: str, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code), *args], env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_kill_during_a_save_leaves_the_previous_checkpoint_intact(tmp_path):
+    path = tmp_path / "last.pt"
+    old = {"model": {"w": torch.arange(4.0)}, "vocab": ["a"], "config": {"n": 1}}
+    save_checkpoint(old, path)
+    child = run_child("""
+        import os, signal, sys, torch
+        from captioner.training import checkpoint
+
+        def torn_save(payload, handle):  # half of a real file, then the process dies
+            handle.write(b"PK" + b"x" * 4096)
+            handle.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        checkpoint.torch.save = torn_save
+        checkpoint.save_checkpoint({"model": {"w": torch.zeros(4)}, "vocab": [], "config": {}}, sys.argv[1])
+    """, str(path))
+    assert child.returncode == -signal.SIGKILL
+    assert torch.equal(load_checkpoint(path)["model"]["w"], old["model"]["w"])
+
+
+def test_kill_9_mid_epoch_then_resume_equals_uninterrupted(tiny_coco, tmp_path):
+    overrides = {"train": {"checkpoint_every": 3}}
+    train(tiny_config(tiny_coco, tmp_path / "full", **overrides))
+    config = tiny_config(tiny_coco, tmp_path / "killed", **overrides)
+    save_config(config, tmp_path / "config.yaml")
+    child = run_child("""
+        import os, signal, sys
+        from captioner.config import load_config
+        from captioner.training import engine
+
+        real_loss, calls = engine.decoder_loss, [0]
+
+        def loss_then_kill(*args, **kwargs):
+            calls[0] += 1
+            if calls[0] == 8:  # step 3 of epoch 2, after the checkpoint of step 6
+                os.kill(os.getpid(), signal.SIGKILL)
+            return real_loss(*args, **kwargs)
+
+        engine.decoder_loss = loss_then_kill
+        engine.train(load_config(sys.argv[1]))
+    """, str(tmp_path / "config.yaml"))
+    assert child.returncode == -signal.SIGKILL, child.stderr[-2000:]
+    assert load_checkpoint(tmp_path / "killed" / "last.pt")["progress"]["step"] == 6
+    result = train(config, resume=True)
+    assert result["step"] == 10
+    assert same_weights(load_checkpoint(tmp_path / "full" / "last.pt")["model"],
+                        load_checkpoint(tmp_path / "killed" / "last.pt")["model"])
+
+
+def nan_at(monkeypatch, call: int) -> None:
+    real_loss, calls = engine.decoder_loss, [0]
+
+    def loss(*args, **kwargs):
+        calls[0] += 1
+        losses = real_loss(*args, **kwargs)
+        if calls[0] == call:
+            losses["loss"] = losses["loss"] * float("nan")
+        return losses
+
+    monkeypatch.setattr(engine, "decoder_loss", loss)
+
+
+def test_nonfinite_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(tiny_coco, tmp_path, monkeypatch):
+    nan_at(monkeypatch, 4)
+    run = tmp_path / "run"
+    with pytest.raises(CaptionerError, match=r"non-finite loss \(nan\) at step 4, epoch 1"):
+        train(tiny_config(tiny_coco, run, train={"checkpoint_every": 2}))
+    kept = load_checkpoint(run / "last.pt")
+    assert kept["progress"]["step"] == 2
+    assert all(torch.isfinite(v).all() for v in kept["model"].values() if v.is_floating_point())
+
+
+def test_nonfinite_loss_skips_the_batch_when_configured(tiny_coco, tmp_path, monkeypatch):
+    nan_at(monkeypatch, 4)
+    result = train(tiny_config(tiny_coco, tmp_path / "run", train={"nonfinite": "skip"}))
+    assert result["step"] == 9 and result["epochs"] == 2  # 10 batches, one skipped
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if r["type"] == "skipped_batch"] == [4]
+    model = load_checkpoint(tmp_path / "run" / "last.pt")["model"]
+    assert all(torch.isfinite(v).all() for v in model.values() if v.is_floating_point())
+
+
+def test_full_disk_gives_one_line_and_leaves_earlier_checkpoints_intact(tiny_coco, tmp_path, monkeypatch, capsys):
+    config = tiny_config(tiny_coco, tmp_path / "run", train={"epochs": 1})
+    train(config)
+    before = {name: (tmp_path / "run" / name).read_bytes() for name in ("last.pt", "best.pt")}
+    real_save = torch.save
+
+    def save_until_full(payload, handle, *args, **kwargs):
+        handle.write(b"PK" + b"\0" * 1024)
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(torch, "save", save_until_full)
+    save_config(tiny_config(tiny_coco, tmp_path / "run", train={"epochs": 2}), tmp_path / "config.yaml")
+    capsys.readouterr()
+    assert main(["train", str(tmp_path / "config.yaml"), "--resume", "--no-wandb"]) == 1
+    errors = one_line_errors(capsys.readouterr().err)
+    assert len(errors) == 1 and "last.pt: cannot write checkpoint (No space left on device)" in errors[0]
+    monkeypatch.setattr(torch, "save", real_save)
+    assert {name: (tmp_path / "run" / name).read_bytes() for name in before} == before
+    assert not list((tmp_path / "run").glob("*.tmp")) and not list((tmp_path / "run").glob(".*.tmp"))
+
+
+def test_unwritable_run_folder_is_one_clear_line(tiny_coco, tmp_path, capsys):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    save_config(tiny_config(tiny_coco, blocker / "run"), tmp_path / "config.yaml")
+    capsys.readouterr()
+    assert main(["train", str(tmp_path / "config.yaml"), "--no-wandb"]) == 1
+    errors = one_line_errors(capsys.readouterr().err)
+    assert len(errors) == 1 and f"{blocker / 'run'}: cannot create the run folder" in errors[0]
