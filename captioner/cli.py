@@ -59,16 +59,24 @@ def _cmd_train(args) -> int:
     return 130 if result["stopped"] else 0
 
 
-def _cmd_evaluate(args) -> int:
+def _config_overrides(args) -> dict:
+    """``section.key=value`` arguments (and ``--instances FILE`` for the split) as ``{section: {key: value}}``."""
     from captioner.config import parse_override
-    from captioner.evaluation.evaluate import evaluate_checkpoint
 
     overrides: dict = {}
     for text in args.overrides:
         for section, values in parse_override(text).items():
             overrides.setdefault(section, {}).update(values)
+    if getattr(args, "instances", None):
+        overrides.setdefault("data", {})["instances"] = {args.split: args.instances}
+    return overrides
+
+
+def _cmd_evaluate(args) -> int:
+    from captioner.evaluation.evaluate import evaluate_checkpoint
+
     scores = evaluate_checkpoint(args.checkpoint, args.split, beam_size=args.beam, out_dir=args.out,
-                                 config_overrides=overrides, device=args.device, spice=args.spice)
+                                 config_overrides=_config_overrides(args), device=args.device, spice=args.spice)
     print(json.dumps(scores, indent=2))
     return 0
 
@@ -77,7 +85,8 @@ def _cmd_ground(args) -> int:
     from captioner.evaluation.evaluate import ground_checkpoint
     from captioner.evaluation.grounding import format_grounding
 
-    grounding = ground_checkpoint(args.checkpoint, args.split, beam_size=args.beam, out_dir=args.out, device=args.device)
+    grounding = ground_checkpoint(args.checkpoint, args.split, beam_size=args.beam, out_dir=args.out,
+                                  config_overrides=_config_overrides(args), device=args.device)
     print(json.dumps(grounding, indent=2) if args.json else format_grounding(grounding))
     return 0
 
@@ -122,7 +131,12 @@ def _cmd_attend(args) -> int:
     alpha = attention_maps(result.generation, grid, "alpha")
     chosen = attention_maps(result.generation, grid, "chosen")
     image = load_image(args.image, max_pixels=max_pixels)
-    path = draw_attention_figure(image, result.words, alpha.numpy(), args.out,
+    boxes = None
+    if args.instances:
+        from captioner.evaluation.grounding import boxes_of_named_objects
+
+        boxes = boxes_of_named_objects(args.instances, args.image, result.words)
+    path = draw_attention_figure(image, result.words, alpha.numpy(), args.out, boxes=boxes,
                                  chosen=None if chosen is None else chosen.numpy(), title=result.caption)
     print(f"{args.image}: {result.caption}\nwrote {path}")
     return 0
@@ -187,6 +201,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     ground = sub.add_parser("ground", help="measure whether attention falls on the named objects (shapes data)")
     ground.add_argument("checkpoint")
+    ground.add_argument("overrides", nargs="*", help="config overrides, e.g. data.features=null")
+    ground.add_argument("--instances", help="COCO instances_*.json of the split (default: the config's data.instances)")
     ground.add_argument("--split", default="test")
     ground.add_argument("--beam", type=int, default=None, help="beam size (default: the config's decode.beam)")
     ground.add_argument("--out", help="folder for grounding_SPLIT.json (default: the checkpoint's folder)")
@@ -208,6 +224,8 @@ def build_parser() -> argparse.ArgumentParser:
     attend.add_argument("image")
     attend.add_argument("--checkpoint", required=True)
     attend.add_argument("--out", required=True, help="output PNG")
+    attend.add_argument("--instances", help="COCO instances_*.json holding this image (matched by file name): "
+                        "outline the ground-truth box of each object a word names")
     attend.add_argument("--beam", type=int, default=3)
     attend.add_argument("--device", default="auto")
     attend.add_argument("--max-pixels", type=int, default=None, help="refuse larger images before decoding them "

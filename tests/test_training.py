@@ -19,6 +19,7 @@ from captioner.training import engine
 from captioner.training.checkpoint import load_checkpoint
 from captioner.training.engine import train
 from captioner.training.losses import caption_loss
+from captioner.visualisation import attention_figure
 from tests.conftest import tiny_config
 
 
@@ -120,7 +121,7 @@ def test_feature_cache_round_trip_resume_and_unreadable(tiny_coco, tmp_path):
             torch.testing.assert_close(cache[record.image_id], direct, rtol=2e-3, atol=2e-3)
 
 
-def test_train_from_cached_features_then_cli_caption_and_evaluate(tiny_coco, tmp_path, capsys):
+def test_train_from_cached_features_then_cli_caption_and_evaluate(tiny_coco, tmp_path, capsys, monkeypatch):
     config = tiny_config(tiny_coco, tmp_path / "run", data={"features": str(tmp_path / "cache")})
     model = build_model(config, vocab_size=5)
     records = [r for s in ("train", "val", "test") for r in read_split(config["data"], s)]
@@ -140,6 +141,18 @@ def test_train_from_cached_features_then_cli_caption_and_evaluate(tiny_coco, tmp
     figure = tmp_path / "fig.png"
     assert main(["attend", str(image), "--checkpoint", checkpoint, "--out", str(figure), "--device", "cpu"]) == 0
     assert figure.stat().st_size > 1000
+    instances = {"images": [{"id": 300, "file_name": "test/300.png", "width": 32, "height": 32}],
+                 "categories": [{"id": 1, "name": "square"}],
+                 "annotations": [{"id": 1, "image_id": 300, "category_id": 1, "bbox": [0, 8, 16, 16], "colour": c}
+                                 for c in ("red", "green", "blue")]}
+    (tmp_path / "instances.json").write_text(json.dumps(instances))
+    drawn = {}
+    monkeypatch.setattr(attention_figure, "draw_attention_figure", lambda *a, **k: drawn.update(k) or a[3])
+    assert main(["attend", str(image), "--checkpoint", checkpoint, "--out", str(figure), "--device", "cpu",
+                 "--instances", str(tmp_path / "instances.json")]) == 0
+    assert len(drawn["boxes"]) == len(capsys.readouterr().out.splitlines()[0].split(": ")[1].split())
+    assert main(["attend", str(bad), "--checkpoint", checkpoint, "--out", str(figure),
+                 "--instances", str(tmp_path / "instances.json")]) == 1
     capsys.readouterr()
     assert main(["evaluate", checkpoint, "--split", "test", "--beam", "2", "--out", str(tmp_path / "eval"),
                  "--device", "cpu"]) == 0

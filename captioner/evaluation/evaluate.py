@@ -8,12 +8,12 @@ from pathlib import Path
 
 from captioner.data.dataset import CaptionDataset, image_transform
 from captioner.data.feature_cache import FeatureCache
-from captioner.data.readers import read_json, read_split
+from captioner.data.readers import read_split
 from captioner.errors import CaptionerError
 from captioner.evaluation.caption_metrics import score_captions, write_coco_results
 from captioner.evaluation.generate import caption_texts, generate_captions
-from captioner.evaluation.grounding import load_image_sizes, shapes_grounding
-from captioner.evaluation.shapes_metrics import load_shapes_objects, shapes_scores
+from captioner.evaluation.grounding import ShapesTargets, ground, load_image_sizes, load_targets
+from captioner.evaluation.shapes_metrics import shapes_scores
 from captioner.training.checkpoint import load_model
 from captioner.utils import resolve_device
 
@@ -48,13 +48,12 @@ def decode_split(checkpoint: str | Path, split: str, *, beam_size: int | None, c
     return model, vocab, config, dataset, generations, beam_size
 
 
-def _shapes_objects(config: dict, split: str) -> tuple[dict, dict]:
-    """``(objects, image_sizes)`` of ``split`` when the config names shapes instances for it, else empty."""
-    instances = config["data"].get("instances", {}).get(split)
-    if not instances or not Path(instances).exists():
-        return {}, {}
-    objects = load_shapes_objects(instances)
-    return objects, (load_image_sizes(read_json(instances)) if objects else {})
+def _targets(config: dict, split: str):
+    """``(targets, image_sizes)`` of ``split`` from the config's ``data.instances`` file (shapes objects or
+    COCO categories, see :func:`~captioner.evaluation.grounding.load_targets`), or ``(None, {})``."""
+    instances = (config["data"].get("instances") or {}).get(split)
+    targets = load_targets(instances)
+    return targets, (load_image_sizes(instances) if targets is not None else {})
 
 
 def evaluate_checkpoint(checkpoint: str | Path, split: str = "test", *, beam_size: int | None = None,
@@ -62,16 +61,18 @@ def evaluate_checkpoint(checkpoint: str | Path, split: str = "test", *, beam_siz
                         device: str = "auto", spice: bool = False, progress: bool = True) -> dict:
     """Scores of ``checkpoint`` on ``split``; writes ``captions_{split}.json`` (COCO results format) and
     ``scores_{split}.json`` into ``out_dir`` (default: the checkpoint's folder). On the shapes data the
-    scores add object precision, relation accuracy and attention grounding (``pointing_accuracy``)."""
+    scores add object precision and relation accuracy; wherever the config names an instances file for the
+    split (shapes or COCO), attention grounding (``pointing_accuracy`` and the ``grounding`` breakdown)."""
     model, vocab, config, dataset, generations, beam_size = decode_split(
         checkpoint, split, beam_size=beam_size, config_overrides=config_overrides, device=device, progress=progress)
     texts = caption_texts(generations, vocab)
     references = {r.image_id: r.captions for r in dataset.records}
     scores = score_captions(references, texts, spice=spice)
-    objects, image_sizes = _shapes_objects(config, split)
-    if objects:
-        scores.update(shapes_scores(texts, objects))
-        grounding = shapes_grounding(generations, vocab, objects, image_sizes, tuple(model.encoder.grid))
+    targets, image_sizes = _targets(config, split)
+    if isinstance(targets, ShapesTargets):
+        scores.update(shapes_scores(texts, targets.objects))
+    if targets is not None:
+        grounding = ground(generations, vocab, targets, image_sizes, tuple(model.encoder.grid))
         if grounding is not None:
             scores["pointing_accuracy"] = grounding["pointing_accuracy"]
             scores["grounding"] = grounding
@@ -85,16 +86,18 @@ def evaluate_checkpoint(checkpoint: str | Path, split: str = "test", *, beam_siz
 
 
 def ground_checkpoint(checkpoint: str | Path, split: str = "test", *, beam_size: int | None = None,
-                      out_dir: str | Path | None = None, device: str = "auto", progress: bool = True) -> dict:
-    """Attention grounding of ``checkpoint``'s captions on ``split`` (shapes data); writes
-    ``grounding_{split}.json`` into ``out_dir`` (default: the checkpoint's folder)."""
+                      out_dir: str | Path | None = None, config_overrides: dict | None = None, device: str = "auto",
+                      progress: bool = True) -> dict:
+    """Attention grounding of ``checkpoint``'s captions on ``split`` against the instances file its config
+    names (``data.instances``: shapes boxes or COCO masks); writes ``grounding_{split}.json`` into
+    ``out_dir`` (default: the checkpoint's folder)."""
     model, vocab, config, _, generations, _ = decode_split(
-        checkpoint, split, beam_size=beam_size, config_overrides=None, device=device, progress=progress)
-    objects, image_sizes = _shapes_objects(config, split)
-    if not objects:
-        raise CaptionerError(f"{checkpoint}: its config names no shapes instances file for split '{split}' "
-                             "(data.instances), so there are no boxes to ground words in")
-    grounding = shapes_grounding(generations, vocab, objects, image_sizes, tuple(model.encoder.grid))
+        checkpoint, split, beam_size=beam_size, config_overrides=config_overrides, device=device, progress=progress)
+    targets, image_sizes = _targets(config, split)
+    if targets is None:
+        raise CaptionerError(f"{checkpoint}: its config names no instances file for split '{split}' "
+                             "(data.instances), so there are no objects to ground words in")
+    grounding = ground(generations, vocab, targets, image_sizes, tuple(model.encoder.grid))
     if grounding is None:
         raise CaptionerError(f"{checkpoint}: this decoder reports no attention maps (model.attention=none)")
     out_dir = Path(out_dir) if out_dir else Path(checkpoint).parent
