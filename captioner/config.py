@@ -37,6 +37,7 @@ DEFAULTS: dict = {
         "num_workers": 0,
         "max_pixels": 64_000_000,   # images with more pixels are refused before decoding
         "strict": False,            # unreadable images stop the run instead of being skipped
+        "bucket_by_length": False,  # batches of similar caption length (less padding), order still random
     },
     "encoder": {
         "name": "vgg19",
@@ -95,7 +96,9 @@ DEFAULTS: dict = {
         "nonfinite": "stop",        # a NaN/inf loss: stop (keeping the last good checkpoint) | skip the batch
         "log_every": 50,
         "wandb": "offline",         # offline | online | disabled
-        "amp": False,
+        "amp": False,               # mixed precision on CUDA: bf16 where supported, else fp16 with a gradient scaler
+        "compile": False,           # torch.compile the model (CUDA only; ignored on CPU)
+        "channels_last": True,      # channels-last memory format for the CNN when fine-tuning on CUDA
         "label_smoothing": 0.0,     # mix of the uniform distribution into the word targets
     },
     "decode": {

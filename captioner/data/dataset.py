@@ -107,12 +107,22 @@ class EpochSampler(Sampler[int]):
     The order depends only on the seed and epoch, never on global random state, so a run resumed at
     ``(epoch, start)`` sees exactly the items an uninterrupted run would. With ``world_size > 1`` the
     permutation is padded to a multiple of the world size and rank ``r`` takes every ``world_size``-th
-    item from position ``r`` (each rank the same number of items, as DistributedSampler does).
+    item from position ``r`` (each rank the same number of items, as DistributedSampler does), so the
+    ranks' ``k``-th batches of ``b`` items together hold the ``k``-th global batch of ``b * world_size``.
+
+    With ``lengths`` (one caption length per item) and ``bucket_batch`` (the global batch size), items
+    are bucketed by length: the permutation is cut into windows of 50 global batches, each window is
+    sorted by length and cut into global batches, and the batches of a window are shuffled. Batches then
+    hold captions of similar length (less padding) while the epoch order stays random.
     """
 
-    def __init__(self, num_items: int, seed: int, shuffle: bool = True, rank: int = 0, world_size: int = 1):
+    BUCKET_WINDOW = 50
+
+    def __init__(self, num_items: int, seed: int, shuffle: bool = True, rank: int = 0, world_size: int = 1,
+                 lengths: Sequence[int] | None = None, bucket_batch: int = 0):
         self.num_items, self.seed, self.shuffle = num_items, seed, shuffle
         self.rank, self.world_size = rank, world_size
+        self.lengths, self.bucket_batch = lengths, bucket_batch
         self.epoch, self.start = 0, 0
 
     def set_epoch(self, epoch: int, start: int = 0) -> None:
@@ -120,14 +130,28 @@ class EpochSampler(Sampler[int]):
         self.epoch, self.start = epoch, start
 
     def _rank_indices(self) -> list[int]:
+        generator = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
         if self.shuffle:
-            generator = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
             order = torch.randperm(self.num_items, generator=generator).tolist()
         else:
             order = list(range(self.num_items))
+        if self.lengths is not None and self.bucket_batch > 0:
+            order = self._bucketed(order, generator)
         per_rank = -(-self.num_items // self.world_size)
         order += order[: per_rank * self.world_size - len(order)]
         return order[self.rank :: self.world_size]
+
+    def _bucketed(self, order: list[int], generator: torch.Generator) -> list[int]:
+        window = self.bucket_batch * self.BUCKET_WINDOW
+        out = []
+        for begin in range(0, len(order), window):
+            chunk = sorted(order[begin : begin + window], key=lambda i: self.lengths[i])
+            batches = [chunk[k : k + self.bucket_batch] for k in range(0, len(chunk), self.bucket_batch)]
+            full = [b for b in batches if len(b) == self.bucket_batch]   # a short last batch stays last
+            for b in torch.randperm(len(full), generator=generator).tolist():
+                out.extend(full[b])
+            out.extend(i for b in batches[len(full):] for i in b)
+        return out
 
     def __iter__(self):
         return iter(self._rank_indices()[self.start :])

@@ -15,10 +15,13 @@ from captioner.decoding.search import Generation, decode
 
 def generate_captions(model, dataset: CaptionDataset, vocab: Vocabulary, *, beam_size: int, max_length: int,
                       length_penalty: float = 0.0, batch_size: int = 64, max_images: int | None = None,
-                      progress: bool = False) -> dict[int, Generation]:
-    """``{image_id: Generation}`` for the images of ``dataset`` (built with ``pairs=False``)."""
+                      progress: bool = False, shard: tuple[int, int] = (0, 1)) -> dict[int, Generation]:
+    """``{image_id: Generation}`` for the images of ``dataset`` (built with ``pairs=False``); with
+    ``shard = (rank, world_size)`` only every ``world_size``-th of them, from the ``rank``-th on."""
     indices = range(len(dataset)) if max_images is None else range(min(max_images, len(dataset)))
-    loader = DataLoader(torch.utils.data.Subset(dataset, list(indices)), batch_size=batch_size, collate_fn=collate)
+    rank, world_size = shard
+    loader = DataLoader(torch.utils.data.Subset(dataset, list(indices)[rank::world_size]), batch_size=batch_size,
+                        collate_fn=collate)
     device = model.device
     model.eval()
     out: dict[int, Generation] = {}
