@@ -7,7 +7,7 @@ captions of 10-22 words. Beam search: images/s for k = 1, 3, 5 at batch 1 and 32
 The matmul peak is measured with a large fp32 matrix product on the same threads; the fraction of it
 the training step reaches uses FLOPs counted by torch's FlopCounterMode.
 
-    python benchmarks/bench_decoder.py [--quick]
+    python benchmarks/bench_decoder.py [--quick] [--threads N]
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import platform
 import time
 
 import torch
-from common import END, START, VOCAB, matmul_peak_gflops, random_captions, training_step
+from common import END, START, VOCAB, add_arguments, matmul_peak_gflops, random_captions, setup, training_step
 from torch.utils.flop_counter import FlopCounterMode
 
 from captioner.decoding.search import beam_search
@@ -64,9 +64,9 @@ def bench_beam(decoder: LSTMDecoder, beam: int, batch: int, images: int) -> floa
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="fewer steps (a rough number in seconds)")
+    add_arguments(parser, device=False)
     args = parser.parse_args()
-    torch.manual_seed(0)
+    setup(args)
     steps, images = (3, 32) if args.quick else (10, 64)
     peak = matmul_peak_gflops()
     result = {"device": "cpu", "threads": torch.get_num_threads(), "torch": torch.__version__,

@@ -8,7 +8,7 @@ stops early). With the cache every step runs one position through the layers; wi
 re-runs the whole prefix, cross-attention keys and values included. Both searches must return the same
 captions; the speed-up is the ratio of their images/s.
 
-    python benchmarks/bench_transformer.py [--threads 1] [--device cpu] [--quick]
+    python benchmarks/bench_transformer.py [--quick] [--threads N] [--device auto|cpu|cuda]
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from functools import partial
 from types import SimpleNamespace
 
 import torch
-from common import END, START, VOCAB, random_captions, training_step
+from common import END, START, VOCAB, add_arguments, random_captions, setup, training_step
 
 from captioner.decoding.search import beam_search
 from captioner.models.transformer_decoder import TransformerDecoder, TransformerDecoderConfig
@@ -66,13 +66,9 @@ def bench_beam(decoder, features: torch.Tensor, batch: int, beam: int = 3, lengt
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--threads", type=int, default=1, help="CPU threads (default 1)")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--quick", action="store_true", help="fewer training steps")
+    add_arguments(parser)
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
-    device = torch.device(args.device)
+    device = setup(args)
     config = TransformerDecoderConfig(vocab_size=VOCAB, region_dim=REGION_DIM, grid=(14, 14), d_model=512, num_layers=3,
                                       num_heads=8, ffn_dim=2048, dropout=0.1)
     decoder = TransformerDecoder(config).to(device)

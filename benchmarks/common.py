@@ -1,10 +1,13 @@
 """What the benchmark scripts share: the special word indices, random captions of the paper's lengths,
-one teacher-forced training step and the CPU's fp32 matrix-multiply peak."""
+one teacher-forced training step, the CPU's fp32 matrix-multiply peak and a sampler of private memory."""
 
 from __future__ import annotations
 
+import argparse
+import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
@@ -49,3 +52,55 @@ def matmul_peak_gflops(size: int = 2048, repeats: int = 10) -> float:
     for _ in range(repeats):
         a @ b
     return 2 * size**3 * repeats / (time.perf_counter() - started) / 1e9
+
+
+def memory_kib() -> dict[str, int]:
+    """``{"RssAnon": kib, "RssFile": kib}`` of this process, from /proc/self/status (Linux)."""
+    values = {}
+    for line in Path("/proc/self/status").read_text().splitlines():
+        key, _, rest = line.partition(":")
+        if key in ("RssAnon", "RssFile"):
+            values[key] = int(rest.split()[0])
+    return values
+
+
+class PeakMemory(threading.Thread):
+    """Samples :func:`memory_kib` every ``interval`` seconds while running and keeps the peaks;
+    use as a context manager."""
+
+    def __init__(self, interval: float = 0.02):
+        super().__init__(daemon=True)
+        self.interval, self.running = interval, True
+        self.before = memory_kib()
+        self.peak = dict(self.before)
+
+    def run(self) -> None:
+        while self.running:
+            for key, value in memory_kib().items():
+                self.peak[key] = max(self.peak[key], value)
+            time.sleep(self.interval)
+
+    def __enter__(self) -> "PeakMemory":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.running = False
+        self.join()
+
+
+def add_arguments(parser: argparse.ArgumentParser, device: bool = True) -> None:
+    """The options every benchmark takes: ``--quick``, ``--threads`` and (where it can use a GPU) ``--device``."""
+    parser.add_argument("--quick", action="store_true", help="fewer and smaller measurements (rough numbers, fast)")
+    parser.add_argument("--threads", type=int, default=1, help="CPU threads (default 1)")
+    if device:
+        parser.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda or cuda:N")
+
+
+def setup(args: argparse.Namespace) -> torch.device:
+    """Apply ``--threads``, seed torch, and return the device to measure on."""
+    from captioner.utils import resolve_device
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    return resolve_device(getattr(args, "device", "cpu"))

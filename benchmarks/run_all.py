@@ -1,8 +1,10 @@
 """Every benchmark in one JSON object (``make bench``): the LSTM decoder at the paper's configuration
-(training words/s, share of the matmul peak, beam-search images/s) and the Transformer decoder (training
-words/s, beam-search images/s with and without the key/value cache).
+(training words/s, share of the matmul peak, beam-search images/s), the Transformer decoder (training
+words/s, beam search with and without the key/value cache), how cost grows with batch, beam, T, L and B
+(with peak memory), feature caching images/s, and private memory of cached-feature training as the
+cache grows. Each script also runs alone and prints its own JSON.
 
-    python benchmarks/run_all.py [--quick] [--threads N] [--out results.json]
+    python benchmarks/run_all.py [--quick] [--threads N] [--device auto] [--only NAME ...] [--out results.json]
 """
 
 from __future__ import annotations
@@ -14,18 +16,26 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-SCRIPTS = {"lstm_decoder": "bench_decoder.py", "transformer_decoder": "bench_transformer.py"}
+# name -> (script, whether it takes --device)
+SCRIPTS = {"lstm_decoder": ("bench_decoder.py", False), "transformer_decoder": ("bench_transformer.py", True),
+           "scaling": ("bench_scaling.py", True), "feature_cache": ("bench_feature_cache.py", True),
+           "cache_memory": ("bench_cache_memory.py", False)}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer steps (rough numbers in a minute or two)")
     parser.add_argument("--threads", type=int, default=1, help="CPU threads for every benchmark (default 1)")
+    parser.add_argument("--device", default="auto", help="for the benchmarks that can use a GPU")
+    parser.add_argument("--only", nargs="+", choices=sorted(SCRIPTS), help="run only these benchmarks")
     parser.add_argument("--out", help="also write the JSON to this file")
     args = parser.parse_args()
     results = {}
-    for name, script in SCRIPTS.items():
-        command = [sys.executable, str(HERE / script), "--threads", str(args.threads)] + (["--quick"] if args.quick else [])
+    for name, (script, takes_device) in SCRIPTS.items():
+        if args.only and name not in args.only:
+            continue
+        command = ([sys.executable, str(HERE / script), "--threads", str(args.threads)] + (["--quick"] if args.quick else [])
+                   + (["--device", args.device] if takes_device else []))
         print(f"running {script} ...", file=sys.stderr)
         done = subprocess.run(command, capture_output=True, text=True)
         if done.returncode != 0:

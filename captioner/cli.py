@@ -1,4 +1,5 @@
-"""The ``captioner`` command line: data, cache-features, train, evaluate, ground, caption, attend, compare, demo.
+"""The ``captioner`` command line: data (shapes, vocab), cache-features, train, evaluate, ground, caption,
+attend, compare, demo.
 
 User errors (bad files, configs, checkpoints, unwritable folders, full disks) print one line naming the file and what is wrong and exit
 with status 1; ``--debug`` shows the traceback instead.
@@ -20,6 +21,32 @@ def _cmd_data_shapes(args) -> int:
 
     summary = generate_shapes(args.out, seed=args.seed, num_images=args.images, image_size=args.image_size)
     print(json.dumps(summary, indent=2, default=str))
+    return 0
+
+
+def _cmd_data_vocab(args) -> int:
+    from collections import Counter
+
+    from captioner.config import load_config
+    from captioner.data.readers import read_split
+    from captioner.data.vocabulary import Vocabulary, save_vocabulary, tokenize
+
+    config = load_config(args.config, args.overrides)
+    data = config["data"]
+    out = args.out or data["vocab"]
+    if not out:
+        raise CaptionerError("data vocab: set data.vocab in the config (or pass --out FILE)")
+    captions = [tokenize(c) for r in read_split(data, "train") for c in r.captions]
+    vocab = Vocabulary.build((" ".join(t) for t in captions), data["vocab_min_count"], data["vocab_max_size"])
+    counts = Counter(word for tokens in captions for word in tokens)
+    covered = sum(n for word, n in counts.items() if word in vocab.index)
+    lengths = sorted(len(t) for t in captions)
+    save_vocabulary(vocab, out)
+    print(json.dumps({"vocabulary": out, "words": len(vocab), "train_captions": len(captions),
+                      "distinct_train_words": len(counts), "token_coverage": round(covered / max(sum(counts.values()), 1), 4),
+                      "caption_length_p50_p95_max": [lengths[len(lengths) // 2], lengths[int(len(lengths) * 0.95)],
+                                                     lengths[-1]] if lengths else None,
+                      "cut_at_max_caption_length": sum(n > data["max_caption_length"] for n in lengths)}, indent=2))
     return 0
 
 
@@ -170,6 +197,11 @@ def build_parser() -> argparse.ArgumentParser:
     shapes.add_argument("--images", type=int, default=3000, help="number of images (all splits)")
     shapes.add_argument("--image-size", type=int, default=128)
     shapes.set_defaults(func=_cmd_data_shapes)
+    vocab = data_sub.add_parser("vocab", help="build the vocabulary of a config's train split and report its coverage")
+    vocab.add_argument("config")
+    vocab.add_argument("overrides", nargs="*", help="section.key=value, e.g. data.vocab_min_count=3")
+    vocab.add_argument("--out", help="vocabulary file to write (default: data.vocab)")
+    vocab.set_defaults(func=_cmd_data_vocab)
 
     cache = sub.add_parser("cache-features", help="run the frozen encoder once and store region features")
     cache.add_argument("config")

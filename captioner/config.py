@@ -26,11 +26,12 @@ DEFAULTS: dict = {
         "format": "coco",           # coco: official captions JSON per split; karpathy: one split file
         "captions": {},             # coco: {split: captions_*.json}
         "images": {},               # coco: {split: image folder that file_name is relative to}
-        "instances": {},            # optional {split: instances_*.json} (object boxes, for shapes measures)
+        "instances": {},            # optional {split: instances_*.json}: shapes measures, attention grounding
         "karpathy": None,           # karpathy: dataset_{coco,flickr8k,flickr30k}.json
         "image_root": None,         # karpathy: folder that each entry's filepath/filename is relative to
         "restval": "train",         # karpathy: the split that 'restval' images join
         "features": None,           # feature cache folder (captioner cache-features); None = raw images
+        "vocab": None,              # a vocabulary file (captioner data vocab); None = built from the train split
         "vocab_min_count": 5,
         "vocab_max_size": None,
         "max_caption_length": 20,   # words; longer captions are cut

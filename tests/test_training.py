@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from captioner.cli import main
+from captioner.config import save_config
 from captioner.data.dataset import image_transform
 from captioner.data.feature_cache import FeatureCache, build_feature_cache
 from captioner.data.images import load_image
@@ -226,3 +227,17 @@ def test_transformer_run_trains_captions_and_joins_the_comparison(tiny_coco, tmp
     assert main(["compare", str(tmp_path / "soft"), str(tmp_path / "transformer"), "--out", str(tmp_path / "report"),
                  "--images", "1", "--beam", "2"]) == 0
     assert "| transformer |" in (tmp_path / "report" / "report.md").read_text()
+
+
+def test_data_vocab_writes_the_file_that_training_then_uses(tiny_coco, tmp_path, capsys):
+    config = tiny_config(tiny_coco, tmp_path / "run", train={"epochs": 1}, data={"vocab_min_count": 2})
+    save_config(config, tmp_path / "config.yaml")
+    capsys.readouterr()
+    assert main(["data", "vocab", str(tmp_path / "config.yaml"), "--out", str(tmp_path / "vocab.json")]) == 0
+    report = json.loads(capsys.readouterr().out)
+    words = json.loads((tmp_path / "vocab.json").read_text())["words"]
+    assert report["words"] == len(words) and report["train_captions"] == 24 and 0 < report["token_coverage"] <= 1
+    shorter = words[:-1]
+    (tmp_path / "vocab.json").write_text(json.dumps({"words": shorter}))
+    train(tiny_config(tiny_coco, tmp_path / "run", train={"epochs": 1}, data={"vocab": str(tmp_path / "vocab.json")}))
+    assert load_checkpoint(tmp_path / "run" / "last.pt")["vocab"]["words"] == shorter

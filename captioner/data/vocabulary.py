@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 
 TOKEN_PATTERN = re.compile(r"[^\W_]+(?:['\-][^\W_]+)*")
 
@@ -83,3 +84,33 @@ class Vocabulary:
     @classmethod
     def from_dict(cls, state: dict) -> "Vocabulary":
         return cls(state["words"])
+
+
+def save_vocabulary(vocab: Vocabulary, path: str | Path) -> None:
+    """Write ``{"words": [...]}`` as JSON (atomically)."""
+    import json
+
+    from captioner.utils import atomic_write
+
+    atomic_write(path, lambda handle: handle.write(json.dumps(vocab.to_dict(), ensure_ascii=False).encode()))
+
+
+def load_vocabulary(path: str | Path) -> Vocabulary:
+    """A vocabulary written by :func:`save_vocabulary`; clear errors for a missing or malformed file."""
+    from captioner.data.readers import read_json
+    from captioner.errors import CaptionerError
+
+    data = read_json(path)
+    try:
+        return Vocabulary.from_dict(data)
+    except (KeyError, TypeError, ValueError) as err:
+        raise CaptionerError(f"{path}: not a vocabulary file ({type(err).__name__}: {err})") from None
+
+
+def training_vocabulary(data_config: dict, train_records) -> Vocabulary:
+    """The vocabulary a new run uses: the ``data.vocab`` file when set, else built from the train captions
+    with ``data.vocab_min_count`` and ``data.vocab_max_size``."""
+    if data_config.get("vocab"):
+        return load_vocabulary(data_config["vocab"])
+    return Vocabulary.build((c for r in train_records for c in r.captions), data_config["vocab_min_count"],
+                            data_config["vocab_max_size"])

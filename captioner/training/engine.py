@@ -24,7 +24,7 @@ from captioner.config import save_config
 from captioner.data.dataset import CaptionDataset, EpochSampler, collate, image_transform
 from captioner.data.feature_cache import FeatureCache
 from captioner.data.readers import read_split
-from captioner.data.vocabulary import Vocabulary
+from captioner.data.vocabulary import Vocabulary, training_vocabulary
 from captioner.errors import CaptionerError
 from captioner.evaluation.caption_metrics import score_captions
 from captioner.evaluation.generate import caption_texts, generate_captions
@@ -275,8 +275,7 @@ def _train(config: dict, world: World, device: torch.device, *, resume: bool, ov
     if checkpoint:
         vocab = Vocabulary.from_dict(checkpoint["vocab"])
     else:
-        data = config["data"]
-        vocab = Vocabulary.build((c for r in train_records for c in r.captions), data["vocab_min_count"], data["vocab_max_size"])
+        vocab = training_vocabulary(config["data"], train_records)
     model = build_model(config, len(vocab), pretrained=checkpoint is None)
     train_set, val_set = build_datasets(config, train_records, val_records, vocab, model)
     _check_cache_matches(config)
