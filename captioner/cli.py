@@ -66,7 +66,7 @@ def _cmd_cache_features(args) -> int:
     encoder = build_encoder(EncoderConfig(**config["encoder"])).to(resolve_device(config["run"]["device"]))
     result = build_feature_cache(encoder, records, folder, transform=image_transform(encoder),
                                  batch_size=args.batch_size, num_workers=config["data"]["num_workers"],
-                                 max_pixels=config["data"]["max_pixels"], encoder_config=config["encoder"])
+                                 max_pixels=config["data"]["max_pixels"], dtype=args.dtype, encoder_config=config["encoder"])
     print(f"{folder}: {result['written']} images written, {result['skipped']} already cached, "
           f"{len(result['failed'])} unreadable")
     for image_id, reason in result["failed"].items():
@@ -209,6 +209,8 @@ def build_parser() -> argparse.ArgumentParser:
     cache.add_argument("--splits", nargs="+", default=["train", "val", "test"])
     cache.add_argument("--out", help="cache folder (default: data.features)")
     cache.add_argument("--batch-size", type=int, default=32)
+    cache.add_argument("--dtype", choices=["float16", "float32"], default="float16",
+                       help="precision of the stored features (float16 halves the disk and page-cache footprint)")
     cache.set_defaults(func=_cmd_cache_features)
 
     train = sub.add_parser("train", help="train a captioner")

@@ -59,6 +59,7 @@ DEFAULTS: dict = {
         "hidden_dim": 512,
         "dropout": 0.5,
         "gate": "scalar",           # scalar | vector | none  (the paper's beta gate)
+        "learned_sharpness": False, # LSTM: a learned inverse temperature exp(s) on the attention scores
         "region_position": "none",  # LSTM: none | sinusoidal (appended); transformer: + learned (added)
         "position_dim": 32,         # LSTM: size of the appended sinusoidal code
         "doubly_stochastic": 1.0,   # lambda of the doubly stochastic attention regulariser
@@ -158,6 +159,18 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
     for text in overrides:
         _merge(config, parse_override(text), f"override '{text}'")
     return config
+
+
+def with_defaults(config: dict) -> dict:
+    """A saved config (a checkpoint's) completed with today's defaults for settings added since it was
+    written, so older checkpoints keep loading; its own values win, and settings no longer known are kept."""
+    merged = copy.deepcopy(DEFAULTS)
+    for section, values in config.items():
+        if isinstance(values, dict) and isinstance(merged.get(section), dict):
+            merged[section].update(values)
+        else:
+            merged[section] = values
+    return merged
 
 
 def save_config(config: dict, path: str | Path) -> None:

@@ -21,7 +21,9 @@ FIGURE_IMAGES = 4
 SUMMARY_KEYS = ("BLEU-4", "CIDEr", "METEOR", "object_precision", "relation_accuracy", "pointing_accuracy")
 
 
-def _data_overrides(data_dir: Path, features: Path) -> list[str]:
+def shapes_overrides(data_dir: Path, features: Path) -> list[str]:
+    """Config overrides that point the ``data`` section at shapes data in ``data_dir`` (all three splits,
+    captions and instances) and at the feature cache folder ``features``."""
     splits = ("train", "val", "test")
     captions = {s: str(data_dir / "annotations" / f"captions_{s}.json") for s in splits}
     instances = {s: str(data_dir / "annotations" / f"instances_{s}.json") for s in splits}
@@ -117,7 +119,7 @@ def run_demo(out: Path, data_dir: Path, fast: bool = False, runs: tuple[str, ...
     out.mkdir(parents=True, exist_ok=True)
     data_info = ensure_shapes(data_dir, num_images=150 if fast else 3000)
     reset_stale_features(out / "features", data_info)
-    common = _data_overrides(data_dir, out / "features") + (FAST_OVERRIDES if fast else [])
+    common = shapes_overrides(data_dir, out / "features") + (FAST_OVERRIDES if fast else [])
     configs = {name: load_config(CONFIG_DIR / f"demo_{name}.yaml", common + [f"run.out={out / name}"]) for name in runs}
     feature_seconds = cache_demo_features(configs[runs[0]])
     print(f"features cached in {feature_seconds:.1f} s")

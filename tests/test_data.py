@@ -150,3 +150,13 @@ def test_epoch_sampler_is_deterministic_resumable_and_sharded():
         shards.append(list(s))
     assert all(len(s) == 4 for s in shards)
     assert set(sum(shards, [])) == set(range(10))
+
+
+def test_saved_configs_gain_settings_added_since(tmp_path):
+    from captioner.config import DEFAULTS, with_defaults
+
+    old = {"model": {"hidden_dim": 7}, "train": {"lr": 0.5}}
+    merged = with_defaults(old)
+    assert merged["model"]["hidden_dim"] == 7 and merged["train"]["lr"] == 0.5
+    assert merged["model"]["attention"] == DEFAULTS["model"]["attention"]   # filled in
+    assert old == {"model": {"hidden_dim": 7}, "train": {"lr": 0.5}}        # not modified

@@ -74,3 +74,12 @@ def test_two_gloo_processes_train_like_one_process_with_the_same_global_batch(ti
         torch.testing.assert_close(distributed["model"][name], weights, rtol=1e-4, atol=1e-5, msg=name)
         torch.testing.assert_close(rank0[name], weights, rtol=1e-4, atol=1e-5, msg=name)
     assert not list((tmp_path / "ddp").glob("rank*"))  # only rank 0 wrote the run folder
+
+
+def test_cuda_only_switches_are_no_ops_on_cpu(tiny_coco, tmp_path):
+    train(tiny_config(tiny_coco, tmp_path / "plain", train={"epochs": 1}))
+    train(tiny_config(tiny_coco, tmp_path / "switches", train={"epochs": 1, "amp": True, "compile": True,
+                                                               "channels_last": True}))
+    plain, switched = (load_checkpoint(tmp_path / run / "last.pt")["model"] for run in ("plain", "switches"))
+    for name in plain:
+        assert torch.equal(plain[name], switched[name]), name

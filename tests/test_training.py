@@ -241,3 +241,11 @@ def test_data_vocab_writes_the_file_that_training_then_uses(tiny_coco, tmp_path,
     (tmp_path / "vocab.json").write_text(json.dumps({"words": shorter}))
     train(tiny_config(tiny_coco, tmp_path / "run", train={"epochs": 1}, data={"vocab": str(tmp_path / "vocab.json")}))
     assert load_checkpoint(tmp_path / "run" / "last.pt")["vocab"]["words"] == shorter
+
+
+def test_cache_features_precision_is_a_choice(tiny_coco, tmp_path, capsys):
+    config = tiny_config(tiny_coco, tmp_path / "run", data={"features": str(tmp_path / "cache")})
+    save_config(config, tmp_path / "config.yaml")
+    assert main(["cache-features", str(tmp_path / "config.yaml"), "--splits", "test", "--dtype", "float32"]) == 0
+    cache = FeatureCache(tmp_path / "cache")
+    assert cache.meta["dtype"] == "float32" and str(cache.features.dtype) == "float32"

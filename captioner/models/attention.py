@@ -27,7 +27,7 @@ SCORES = ("additive", "dot", "scaled_dot", "general", "none")
 class RegionAttention(nn.Module):
     """Scores L regions against a query and returns attention weights over them."""
 
-    def __init__(self, score: str, region_dim: int, query_dim: int, attention_dim: int):
+    def __init__(self, score: str, region_dim: int, query_dim: int, attention_dim: int, learned_sharpness: bool = False):
         super().__init__()
         if score not in SCORES:
             raise ValueError(f"attention score must be one of {SCORES}, not {score!r}")
@@ -42,6 +42,9 @@ class RegionAttention(nn.Module):
         elif score == "general":
             self.region_proj = nn.Linear(region_dim, query_dim, bias=False)
         self.scale = 1.0 / math.sqrt(attention_dim) if score == "scaled_dot" else 1.0
+        # exp(log_sharpness) multiplies every score: a learned inverse temperature that Adam can raise far
+        # faster than it can grow the score's own weights (off by default: the paper has none)
+        self.log_sharpness = nn.Parameter(torch.zeros(())) if learned_sharpness and score != "none" else None
 
     def project_regions(self, regions: torch.Tensor) -> torch.Tensor | None:
         """Region side of the score, once per image: ``(B, L, D)`` -> ``(B, L, A)`` (None for ``none``)."""
@@ -64,6 +67,8 @@ class RegionAttention(nn.Module):
         ``mask`` (B, L) bool marks valid regions; masked regions get exactly zero weight.
         """
         scores = self.scores(keys, query, num_regions)
+        if self.log_sharpness is not None:
+            scores = scores * self.log_sharpness.exp()
         if mask is not None:
             scores = scores.masked_fill(~mask, float("-inf"))
         return torch.softmax(scores.float(), dim=-1).to(query.dtype)

@@ -40,7 +40,7 @@ def build_decoder(model_config: dict, vocab_size: int, feature_dim: int, grid: t
         return LSTMDecoder(LSTMDecoderConfig(
             vocab_size=vocab_size, region_dim=feature_dim, grid=tuple(grid), attention=m["attention"],
             attention_dim=m["attention_dim"], embed_dim=m["embed_dim"], hidden_dim=m["hidden_dim"],
-            dropout=m["dropout"], gate=m["gate"], region_position=m["region_position"],
+            dropout=m["dropout"], gate=m["gate"], learned_sharpness=m["learned_sharpness"], region_position=m["region_position"],
             position_dim=m["position_dim"], attention_mode=m["attention_mode"], hard_decode=m["hard_decode"],
             expectation_probability=m["expectation_probability"], location_samples=m["location_samples"]))
     if m["decoder"] == "transformer":

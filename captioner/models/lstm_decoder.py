@@ -45,6 +45,7 @@ class LSTMDecoderConfig:
     hidden_dim: int = 512
     dropout: float = 0.5
     gate: str = "scalar"            # scalar | vector | none
+    learned_sharpness: bool = False # a learned inverse temperature on the attention scores
     region_position: str = "none"   # none | sinusoidal
     position_dim: int = 32
     attention_mode: str = "soft"    # soft | hard
@@ -92,7 +93,7 @@ class LSTMDecoder(nn.Module):
             self.register_buffer("position_code", sinusoidal_grid_code(tuple(c.grid), position_dim), persistent=False)
         self.context_dim = d = c.region_dim + position_dim
         self.embedding = nn.Embedding(c.vocab_size, c.embed_dim)
-        self.attention = RegionAttention(c.attention, d, c.hidden_dim, c.attention_dim)
+        self.attention = RegionAttention(c.attention, d, c.hidden_dim, c.attention_dim, c.learned_sharpness)
         self.init_h = nn.Linear(d, c.hidden_dim)
         self.init_c = nn.Linear(d, c.hidden_dim)
         self.gate = None if c.gate == "none" else nn.Linear(c.hidden_dim, 1 if c.gate == "scalar" else d)

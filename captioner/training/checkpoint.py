@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from captioner.config import with_defaults
 from captioner.data.vocabulary import Vocabulary
 from captioner.errors import CaptionerError
 from captioner.utils import atomic_write
@@ -47,7 +48,7 @@ def load_model(path: str | Path, device: str | torch.device = "cpu"):
 
     payload = load_checkpoint(path, map_location=device)
     vocab = Vocabulary.from_dict(payload["vocab"])
-    config = payload["config"]
+    config = with_defaults(payload["config"])
     try:
         model = build_model(config, len(vocab), pretrained=False)
     except (ValueError, KeyError, TypeError) as err:

@@ -20,7 +20,7 @@ import torch
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
-from captioner.config import save_config
+from captioner.config import save_config, with_defaults
 from captioner.data.dataset import CaptionDataset, EpochSampler, collate, image_transform
 from captioner.data.feature_cache import FeatureCache
 from captioner.data.readers import read_split
@@ -266,9 +266,10 @@ def _train(config: dict, world: World, device: torch.device, *, resume: bool, ov
 
     checkpoint = load_checkpoint(last_path) if resume else None
     if checkpoint:
+        saved = with_defaults(checkpoint["config"])
         for section in ("model", "encoder"):
-            if checkpoint["config"][section] != config[section]:
-                changed = sorted(k for k in config[section] if config[section][k] != checkpoint["config"][section].get(k))
+            if saved[section] != config[section]:
+                changed = sorted(k for k in config[section] if config[section][k] != saved[section].get(k))
                 raise CaptionerError(f"{last_path}: cannot resume with a different {section} section "
                                      f"(changed: {', '.join(changed)})")
     train_records, val_records = read_split(config["data"], "train"), read_split(config["data"], "val")
