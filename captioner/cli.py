@@ -1,5 +1,5 @@
-"""The ``captioner`` command line: data (shapes, vocab), cache-features, train, evaluate, ground, caption,
-attend, compare, demo.
+"""The ``captioner`` command line: data (shapes, vocab), config, cache-features, train, evaluate, ground,
+caption, attend, compare, demo.
 
 User errors (bad files, configs, checkpoints, unwritable folders, full disks) print one line naming the file and what is wrong and exit
 with status 1; ``--debug`` shows the traceback instead.
@@ -47,6 +47,18 @@ def _cmd_data_vocab(args) -> int:
                       "caption_length_p50_p95_max": [lengths[len(lengths) // 2], lengths[int(len(lengths) * 0.95)],
                                                      lengths[-1]] if lengths else None,
                       "cut_at_max_caption_length": sum(n > data["max_caption_length"] for n in lengths)}, indent=2))
+    return 0
+
+
+def _cmd_config(args) -> int:
+    from captioner.config import config_reference, load_config
+
+    if args.reference:
+        print(config_reference(), end="")
+        return 0
+    import yaml
+
+    print(yaml.safe_dump(load_config(args.config, args.overrides), sort_keys=False), end="")
     return 0
 
 
@@ -202,6 +214,12 @@ def build_parser() -> argparse.ArgumentParser:
     vocab.add_argument("overrides", nargs="*", help="section.key=value, e.g. data.vocab_min_count=3")
     vocab.add_argument("--out", help="vocabulary file to write (default: data.vocab)")
     vocab.set_defaults(func=_cmd_data_vocab)
+
+    config = sub.add_parser("config", help="print a resolved config (defaults, file, overrides) or the reference")
+    config.add_argument("config", nargs="?", help="YAML config (default: the built-in defaults)")
+    config.add_argument("overrides", nargs="*", help="section.key=value")
+    config.add_argument("--reference", action="store_true", help="every setting, its default and meaning (Markdown)")
+    config.set_defaults(func=_cmd_config)
 
     cache = sub.add_parser("cache-features", help="run the frozen encoder once and store region features")
     cache.add_argument("config")

@@ -1,0 +1,118 @@
+"""The README cannot drift from the code: its configuration reference is the generated one, its command
+table lists every subcommand with every option, and every command it shows parses with the real
+command line (config files, scripts, make targets and benchmark options included). Running the
+commands themselves is the job of the other tests (each subcommand has an end-to-end test) and of CI.
+"""
+
+import argparse
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from captioner.cli import build_parser
+from captioner.config import config_reference
+
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text()
+
+
+def subcommands(parser: argparse.ArgumentParser, prefix=()) -> dict[tuple[str, ...], argparse.ArgumentParser]:
+    found = {}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                found.update(subcommands(sub, prefix + (name,)) or {prefix + (name,): sub})
+    return found
+
+
+def options(parser: argparse.ArgumentParser) -> set[str]:
+    return {flag for action in parser._actions for flag in action.option_strings if flag.startswith("--")} - {"--help"}
+
+
+def shown_commands() -> list[str]:
+    """Every shell command in the README: the lines of its sh blocks and its inline code spans that
+    start with a command (continuation lines joined, comments dropped)."""
+    commands = []
+    for block in re.findall(r"```sh\n(.*?)```", README, flags=re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = line.split("  #")[0].split(" # ")[0].strip()
+            if line and not line.startswith("#"):
+                commands.append(line)
+    starts = ("captioner ", "make ", "python ", "python3 ", "scripts/", "torchrun ", ".venv/bin/")
+    commands += [span for span in re.findall(r"`([^`\n]+)`", README) if span.startswith(starts)]
+    return commands
+
+
+def without_optional_parts(tokens: list[str]) -> list[str]:
+    text = re.sub(r"\[[^\[\]]*\]", "", " ".join(tokens))
+    text = re.sub(r"\[[^\[\]]*\]", "", text)
+    return [t for t in text.split() if t not in ("...",)]
+
+
+def test_configuration_reference_is_the_generated_one():
+    start, end = "<!-- config-reference:start -->\n", "<!-- config-reference:end -->"
+    assert start in README and end in README
+    assert README[README.index(start) + len(start):README.index(end)] == config_reference()
+
+
+def test_command_table_lists_every_subcommand_with_every_option():
+    rows = {}
+    for cell in re.findall(r"^\| `(captioner [^`]+)` \|", README, flags=re.M):
+        words = cell.split()
+        for names in subcommands(build_parser()):
+            if tuple(words[1 : 1 + len(names)]) == names:
+                rows[names] = cell
+    missing = [" ".join(n) for n in subcommands(build_parser()) if n not in rows]
+    assert not missing, f"README command table lacks: {missing}"
+    for names, parser in subcommands(build_parser()).items():
+        shown = set(re.findall(r"--[a-z][a-z-]*", rows[names]))
+        assert shown == options(parser), f"captioner {' '.join(names)}: README {sorted(shown)} vs code {sorted(options(parser))}"
+
+
+def captioner_arguments(command: str) -> list[str] | None:
+    """The arguments after ``captioner`` (``captioner``, ``.venv/bin/captioner``, ``-m captioner``), or None."""
+    tokens = shlex.split(command)
+    for i, token in enumerate(tokens):
+        if token == "captioner" or token.endswith("/captioner"):
+            return tokens[i + 1 :]
+    return None
+
+
+@pytest.mark.parametrize("command", [c for c in shown_commands() if captioner_arguments(c) is not None])
+def test_every_captioner_command_shown_parses(command):
+    arguments = [("train" if a == "COMMAND" else a) for a in without_optional_parts(captioner_arguments(command))]
+    try:
+        build_parser().parse_args(arguments)
+    except SystemExit as stop:
+        if stop.code != 0 or "--help" not in arguments:  # --help exits 0 after printing
+            pytest.fail(f"README command does not parse: {command}")
+    for token in arguments:
+        if token.endswith(".yaml"):
+            assert (ROOT / token).is_file(), f"{command}: no {token}"
+
+
+def test_every_script_make_target_and_benchmark_shown_exists():
+    makefile = (ROOT / "Makefile").read_text()
+    help_text: dict[str, str] = {}
+    for command in shown_commands():
+        tokens = shlex.split(command)
+        if tokens[0] == "make":
+            for target in tokens[1:]:
+                assert re.search(rf"^{re.escape(target)}:", makefile, flags=re.M), f"no make target {target}"
+        elif tokens[0].startswith("scripts/"):
+            script = ROOT / tokens[0]
+            assert script.is_file(), command
+            assert subprocess.run(["bash", "-n", str(script)]).returncode == 0, command
+        elif tokens[0] in ("python", "python3") and tokens[1].startswith("benchmarks/"):
+            script = tokens[1]
+            assert (ROOT / script).is_file(), command
+            if script not in help_text:
+                help_text[script] = subprocess.run([sys.executable, str(ROOT / script), "--help"], capture_output=True,
+                                                   text=True, cwd=ROOT, timeout=120).stdout
+            for flag in re.findall(r"--[a-z][a-z-]*", " ".join(without_optional_parts(tokens[2:])) + " "
+                                   + " ".join(re.findall(r"\[(--[a-z-]+)", command))):
+                assert flag in help_text[script], f"{command}: {script} has no {flag}"
