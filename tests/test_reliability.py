@@ -122,6 +122,9 @@ def test_crafted_checkpoint_is_refused_and_runs_no_code(tmp_path, capsys):
     errors = one_line_errors(capsys.readouterr().err)
     assert len(errors) == 1 and "crafted.pt: refused" in errors[0]
     assert not marker.exists()
+    (tmp_path / "garbage.pt").write_bytes(b"not a checkpoint at all")
+    with pytest.raises(CaptionerError, match="garbage.pt: not a readable checkpoint"):
+        load_checkpoint(tmp_path / "garbage.pt")
 
 
 def test_checkpoint_of_another_architecture_or_vocabulary_gives_a_clear_message(checkpoint, tmp_path):

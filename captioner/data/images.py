@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import stat
 import struct
 import threading
@@ -34,6 +35,9 @@ _WHITE = (255, 255, 255)
 _PIL_SETTINGS_LOCK = threading.Lock()
 # What PIL's decoders raise for corrupt or truncated data, besides DecompressionBombError.
 _DECODE_ERRORS = (OSError, SyntaxError, ValueError, EOFError, struct.error)
+
+
+_RAISE_LIMIT = "raise the limit with --max-pixels N (caption, attend) or the data.max_pixels setting"
 
 
 def load_image(path: str | os.PathLike[str], *, max_pixels: int = DEFAULT_MAX_PIXELS) -> Image.Image:
@@ -61,16 +65,16 @@ def load_image(path: str | os.PathLike[str], *, max_pixels: int = DEFAULT_MAX_PI
                 if width * height > max_pixels:
                     raise ImageError(
                         f"{name}: image is {width}x{height} = {width * height} pixels, over the limit of "
-                        f"{max_pixels} pixels (decompression bomb protection); raise it with "
-                        f"load_image(..., max_pixels=N) or the data.max_pixels config setting")
+                        f"{max_pixels} pixels (decompression bomb protection); {_RAISE_LIMIT}")
                 image.load()
                 oriented = _exif_oriented(image)
         except UnidentifiedImageError:
             raise ImageError(f"{name}: not an image file PIL can read") from None
-        except Image.DecompressionBombError as error:
-            raise ImageError(f"{name}: image is over the limit of {max_pixels} pixels (PIL: {_one_line(error)}); "
-                             f"raise it with load_image(..., max_pixels=N) or the data.max_pixels config setting"
-                             ) from None
+        except Image.DecompressionBombError as error:  # PIL refuses at open() beyond twice its limit
+            claimed = re.search(r"\((\d+) pixels\)", str(error))
+            size = f"image has {claimed.group(1)} pixels" if claimed else "image is"
+            raise ImageError(f"{name}: {size}, over the limit of {max_pixels} pixels (decompression bomb "
+                             f"protection); {_RAISE_LIMIT}") from None
         except PermissionError:
             raise ImageError(f"{name}: permission denied") from None
         except _DECODE_ERRORS as error:

@@ -9,6 +9,7 @@ loads it and a crafted file cannot run code.
 from __future__ import annotations
 
 import pickle
+import re
 from pathlib import Path
 
 import torch
@@ -33,8 +34,12 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     try:
         payload = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else "unsafe content"
-        raise CaptionerError(f"{path}: refused: not a plain captioner checkpoint ({first})") from None
+        unsafe = re.search(r"Unsupported global: GLOBAL (\S+)", str(err))
+        if unsafe:  # the file asks to call or build something on loading: never done
+            raise CaptionerError(f"{path}: refused: loading it would call {unsafe.group(1)} (checkpoints are read "
+                                 "with torch.load(weights_only=True); a plain captioner checkpoint needs nothing else)"
+                                 ) from None
+        raise CaptionerError(f"{path}: not a readable checkpoint (not a torch.save file of plain data)") from None
     except (RuntimeError, EOFError, ValueError, OSError) as err:
         raise CaptionerError(f"{path}: not a readable checkpoint ({str(err).splitlines()[0] if str(err) else type(err).__name__})") from None
     if not isinstance(payload, dict) or not {"model", "vocab", "config"} <= payload.keys():
