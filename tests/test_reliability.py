@@ -142,7 +142,8 @@ def test_checkpoint_of_another_architecture_or_vocabulary_gives_a_clear_message(
 
 
 def run_child(code: str, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    """Run `code` in a fresh interpreter with this process's thread count (float sums depend on it)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": str(torch.get_num_threads())}
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code), *args], env=env, capture_output=True,
                           text=True, timeout=300)
 
