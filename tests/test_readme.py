@@ -116,3 +116,16 @@ def test_every_script_make_target_and_benchmark_shown_exists():
             for flag in re.findall(r"--[a-z][a-z-]*", " ".join(without_optional_parts(tokens[2:])) + " "
                                    + " ".join(re.findall(r"\[(--[a-z-]+)", command))):
                 assert flag in help_text[script], f"{command}: {script} has no {flag}"
+
+
+def test_every_figure_shown_is_a_small_committed_png():
+    figures = re.findall(r"!\[[^\]]*\]\(([^)\s]+)\)", README)
+    assert figures, "the README shows no figure"
+    tracked = subprocess.run(["git", "ls-files", *figures], capture_output=True, text=True, cwd=ROOT).stdout.split()
+    for figure in figures:
+        path = ROOT / figure
+        assert path.is_file(), f"README figure {figure} does not exist"
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", f"{figure} is not a PNG"
+        assert path.stat().st_size < 300_000, f"{figure} is {path.stat().st_size} bytes; keep README figures small"
+        if (ROOT / ".git").exists():
+            assert figure in tracked, f"{figure} is not committed"

@@ -55,7 +55,8 @@ def test_resume_after_epoch_equals_uninterrupted(tiny_coco, tmp_path):
     assert_same_weights(state_of(tmp_path / "full" / "last.pt"), state_of(tmp_path / "split" / "last.pt"))
 
 
-def test_signal_mid_epoch_saves_and_resume_equals_uninterrupted(tiny_coco, tmp_path, monkeypatch):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_signal_mid_epoch_saves_and_resume_equals_uninterrupted(tiny_coco, tmp_path, monkeypatch, sig):
     train(tiny_config(tiny_coco, tmp_path / "full"))
     calls = {"n": 0}
     real_loss = engine.decoder_loss
@@ -63,7 +64,7 @@ def test_signal_mid_epoch_saves_and_resume_equals_uninterrupted(tiny_coco, tmp_p
     def loss_then_signal(*args, **kwargs):
         calls["n"] += 1
         if calls["n"] == 7:  # step 2 of epoch 2
-            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), sig)
         return real_loss(*args, **kwargs)
 
     monkeypatch.setattr(engine, "decoder_loss", loss_then_signal)

@@ -184,9 +184,11 @@ class LSTMDecoder(nn.Module):
         if sampling:
             expectation_rows = torch.rand(captions.shape[0], device=captions.device) < self.config.expectation_probability
         hs, zs, alphas, infos = [], [], [], []
-        for t in range(embedded.shape[1]):
+        # unbind, not input_gates[:, t]: the backward of T slices would zero-fill and add T full-size
+        # (B, T, 4H) gradients (quadratic in T); unbind's backward stacks the T step gradients once
+        for step_gates in input_gates.unbind(1):
             z, alpha, info = self.context(regions, keys, h, expectation_rows)
-            h, c = self.lstm_cell(input_gates[:, t], z, h, c)
+            h, c = self.lstm_cell(step_gates, z, h, c)
             hs.append(h)
             zs.append(z)
             alphas.append(alpha)
