@@ -14,7 +14,7 @@ def test_demo_fast_writes_the_summary_figures_and_report(tmp_path, capsys):
     summary = json.loads((out / "summary.json").read_text())
     assert list(summary["runs"]) == list(DEMO_RUNS)
     for name, run in summary["runs"].items():
-        for key in ("BLEU-4", "CIDEr", "METEOR", "train_seconds"):
+        for key in ("BLEU-4", "CIDEr", "METEOR", "train_seconds", "done_after_seconds"):
             assert isinstance(run[key], float), (name, key)
         for key in ("object_precision", "relation_accuracy", "pointing_accuracy"):  # None: nothing to judge
             assert key in run and (run[key] is None or 0.0 <= run[key] <= 1.0), (name, key)

@@ -1,11 +1,14 @@
 """Attention, the soft-attention LSTM decoder, its loss, and the searches that decode it."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
 from captioner.decoding.search import beam_search, greedy, sample
 from captioner.models.attention import SCORES, RegionAttention
 from captioner.models.lstm_decoder import LSTMDecoder, LSTMDecoderConfig, sinusoidal_grid_code
+from captioner.models.transformer_decoder import TransformerDecoder, TransformerDecoderConfig
 from captioner.training.losses import caption_loss
 from tests.conftest import memorise
 
@@ -54,11 +57,30 @@ def captions_batch():
     return captions
 
 
-def test_forward_shapes_and_alpha_rows_sum_to_one():
+def test_forward_shapes_alpha_rows_sum_to_one_and_padding_steps_attend_nowhere():
     decoder = make_decoder(region_position="sinusoidal", position_dim=8).eval()
-    out = decoder(torch.randn(3, 12, 16), captions_batch())
+    captions = captions_batch()
+    out = decoder(torch.randn(3, 12, 16), captions)
     assert out["logits"].shape == (3, 6, 30) and out["alpha"].shape == (3, 6, 12)
-    torch.testing.assert_close(out["alpha"].sum(-1), torch.ones(3, 6))
+    real = captions[:, 1:] != 0
+    torch.testing.assert_close(out["alpha"].sum(-1), real.float())
+
+
+@pytest.mark.parametrize("kind", ["additive", "none", "hard"])
+def test_teacher_forced_batch_equals_each_caption_alone(kind):
+    """The batch runs longest caption first with a shrinking set of rows; each row must still be its own."""
+    decoder = make_decoder("additive" if kind == "hard" else kind, attention_mode="hard" if kind == "hard" else "soft").eval()
+    features = torch.randn(5, 12, 16)
+    captions = torch.tensor([[START, 5, END, 0, 0, 0, 0], [START, 5, 6, 7, 8, 9, END], [START, 4, 4, END, 0, 0, 0],
+                             [START, 9, 8, 7, 6, END, 0], [START, 5, 6, 7, 8, 9, END]])
+    with torch.no_grad():
+        together = decoder(features, captions)
+        for row in range(5):
+            n = int((captions[row, 1:] != 0).sum())
+            alone = decoder(features[row : row + 1], captions[row : row + 1, : n + 1])
+            torch.testing.assert_close(together["logits"][row, :n], alone["logits"][0], rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(together["alpha"][row, :n], alone["alpha"][0], rtol=1e-5, atol=1e-6)
+            assert together["alpha"][row, n:].eq(0).all()
 
 
 def test_loss_ignores_padding():
@@ -122,6 +144,34 @@ def test_batched_beam_equals_one_at_a_time():
         assert alone.tokens == together[i].tokens
         assert alone.log_prob == pytest.approx(together[i].log_prob, abs=1e-4)
         assert alone.attention["alpha"].shape == (len(alone.tokens), 12)
+
+
+@pytest.mark.parametrize("kind", ["soft", "hard", "transformer"])
+def test_beam_search_never_copies_the_fixed_state_and_matches_a_full_reorder(kind):
+    if kind == "transformer":
+        torch.manual_seed(0)
+        decoder = TransformerDecoder(TransformerDecoderConfig(vocab_size=30, region_dim=16, grid=(3, 4), d_model=16,
+                                                              num_layers=2, num_heads=4, ffn_dim=32, dropout=0.0))
+    else:
+        decoder = make_decoder(attention_mode=kind)
+    decoder.eval()
+    assert set(decoder.fixed_state) & set(decoder.init_state(torch.randn(1, 12, 16)))
+    fixed_addresses = []
+
+    def step(tokens, state):
+        fixed_addresses.append({name: state[name].data_ptr() for name in decoder.fixed_state if name in state})
+        return decoder.step(tokens, state)
+
+    features = torch.randn(4, 12, 16)
+    watched = SimpleNamespace(init_state=decoder.init_state, step=step, fixed_state=decoder.fixed_state)
+    reorders_all = SimpleNamespace(init_state=decoder.init_state, step=decoder.step)   # no fixed_state
+    kept = beam_search(watched, features, beam_size=3, max_length=10, start_index=START, end_index=END)
+    reordered = beam_search(reorders_all, features, beam_size=3, max_length=10, start_index=START, end_index=END)
+    assert len(fixed_addresses) > 2 and all(a == fixed_addresses[0] for a in fixed_addresses)
+    for a, b in zip(kept, reordered):
+        assert a.tokens == b.tokens and a.log_prob == b.log_prob
+        for name in a.attention:
+            torch.testing.assert_close(a.attention[name], b.attention[name], rtol=0, atol=0)
 
 
 def test_beam_finds_at_least_greedy_probability_and_attention_per_word():

@@ -19,7 +19,8 @@ the LSTM gates and the whole output layer (once per caption, over all steps at o
 
 The decode-step interface shared by every decoder (see :mod:`captioner.decoding.search`):
 ``init_state(regions) -> state`` and ``step(tokens, state) -> (log_probs, state, attention)``, where
-``state`` is a dict of tensors whose first dimension is the batch, so a search can reorder it.
+``state`` is a dict of tensors whose first dimension is the batch, so a search can reorder it; of them,
+``regions`` and ``keys`` (the ``fixed_state``) depend on the image alone.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from captioner.models.attention import RegionAttention
+
+PAD_INDEX = 0   # <pad> in every vocabulary (captioner.data.vocabulary)
 
 
 @dataclass
@@ -76,6 +79,8 @@ def sinusoidal_grid_code(grid: tuple[int, int], dim: int) -> torch.Tensor:
 
 class LSTMDecoder(nn.Module):
     """Soft-attention LSTM decoder with the paper's gating, initial state and deep output."""
+
+    fixed_state = ("regions", "keys")   # decode state that depends on the image alone (never reordered)
 
     def __init__(self, config: LSTMDecoderConfig):
         super().__init__()
@@ -165,39 +170,62 @@ class LSTMDecoder(nn.Module):
     def forward(self, features: torch.Tensor, captions: torch.Tensor) -> dict[str, torch.Tensor]:
         """Teacher-forced pass.
 
-        ``features`` (B, L, D); ``captions`` (B, T+1) = ``<start> w_1 .. <end> <pad>..``.
-        Returns ``logits`` (B', T, V) predicting ``captions[:, 1:]`` and ``alpha`` (B', T, L), where
+        ``features`` (B, L, D); ``captions`` (B, T+1) = ``<start> w_1 .. <end> <pad>..`` (``<pad>`` = 0,
+        trailing). Returns ``logits`` (B', T, V) predicting ``captions[:, 1:]`` and ``alpha`` (B', T, L), where
         B' = B except in hard-attention training with ``location_samples = M > 1`` (B' = B * M, each
         caption repeated M times, ``repeats`` = M). Hard-attention training adds ``log_prob_location``
         and ``entropy`` (B', T) and ``expectation_rows`` (B',) bool.
+
+        Each caption runs for its own words only: the recurrence visits the captions longest first and
+        step t advances just those still running (a shrinking prefix), so padding costs no recurrent
+        work. At padding steps ``alpha`` and the location terms are zero and the logits are meaningless.
         """
         sampling = self.hard and self.training
         repeats = self.config.location_samples if sampling else 1
         if repeats > 1:
             features, captions = features.repeat_interleave(repeats, 0), captions.repeat_interleave(repeats, 0)
-        regions = self.prepare_regions(features)
+        batch, num_steps = captions.shape[0], captions.shape[1] - 1
+        lengths = (captions[:, 1:] != PAD_INDEX).sum(dim=1)                     # (B,) real steps
+        order = lengths.argsort(descending=True, stable=True)
+        steps = torch.arange(num_steps, device=captions.device)
+        running = (lengths.index_select(0, order)[None, :] > steps[:, None]).sum(dim=1).tolist()   # rows at step t
+        regions = self.prepare_regions(features.index_select(0, order))
         keys = self.attention.project_regions(regions)
-        embedded = self.embedding(captions[:, :-1])          # (B, T, E)
-        input_gates = self.input_gates(embedded)              # (B, T, 4H)
+        embedded = self.embedding(captions[:, :-1])           # (B, T, E), callers' order
+        input_gates = self.input_gates(embedded).index_select(0, order)     # (B, T, 4H), longest first
         h, c = self.initial_hidden(regions)
-        expectation_rows = None
+        expectation_rows = running_expectation = None
         if sampling:
-            expectation_rows = torch.rand(captions.shape[0], device=captions.device) < self.config.expectation_probability
+            expectation_rows = torch.rand(batch, device=captions.device) < self.config.expectation_probability
+            running_expectation = expectation_rows.index_select(0, order)
         hs, zs, alphas, infos = [], [], [], []
         # unbind, not input_gates[:, t]: the backward of T slices would zero-fill and add T full-size
         # (B, T, 4H) gradients (quadratic in T); unbind's backward stacks the T step gradients once
-        for step_gates in input_gates.unbind(1):
-            z, alpha, info = self.context(regions, keys, h, expectation_rows)
-            h, c = self.lstm_cell(step_gates, z, h, c)
+        for n, step_gates in zip(running, input_gates.unbind(1)):
+            if n == 0:
+                break
+            z, alpha, info = self.context(regions[:n], None if keys is None else keys[:n], h[:n],
+                                          None if running_expectation is None else running_expectation[:n])
+            h, c = self.lstm_cell(step_gates[:n], z, h[:n], c[:n])
             hs.append(h)
             zs.append(z)
             alphas.append(alpha)
             infos.append(info)
-        logits = self.output_logits(embedded, torch.stack(hs, 1), torch.stack(zs, 1))
-        out = {"logits": logits, "alpha": torch.stack(alphas, 1), "repeats": repeats}
+        inverse = order.argsort()
+
+        def in_callers_order(per_step: list[torch.Tensor]) -> torch.Tensor:
+            """Step outputs ``(n_t, ...)`` -> ``(B, T, ...)`` in the callers' row order, zero where not running."""
+            padded = [F.pad(v, [0, 0] * (v.dim() - 1) + [0, batch - v.shape[0]]) for v in per_step]
+            stacked = torch.stack(padded, 1)
+            if stacked.shape[1] < num_steps:
+                stacked = F.pad(stacked, [0, 0] * (stacked.dim() - 2) + [0, num_steps - stacked.shape[1]])
+            return stacked.index_select(0, inverse)
+
+        logits = self.output_logits(embedded, in_callers_order(hs), in_callers_order(zs))
+        out = {"logits": logits, "alpha": in_callers_order(alphas), "repeats": repeats}
         if sampling:
-            out["log_prob_location"] = torch.stack([i["log_prob_location"] for i in infos], 1)
-            out["entropy"] = torch.stack([i["entropy"] for i in infos], 1)
+            out["log_prob_location"] = in_callers_order([i["log_prob_location"] for i in infos])
+            out["entropy"] = in_callers_order([i["entropy"] for i in infos])
             out["expectation_rows"] = expectation_rows
         return out
 

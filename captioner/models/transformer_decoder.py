@@ -27,7 +27,8 @@ tensor has the batch (hypothesis) first, so a search can reorder it with ``index
   the words so far ``"tokens"`` (B, t); each ``step`` re-runs the whole prefix through every layer,
   cross-attention keys and values included, as a plain ``forward`` would.
 
-Both carry ``"position"`` (B,), the index of the next word.
+Both carry ``"position"`` (B,), the index of the next word. ``"memory"`` and the cross-attention keys and
+values depend on the image alone: they are the ``fixed_state``, which a beam search never reorders.
 """
 
 from __future__ import annotations
@@ -224,6 +225,11 @@ class TransformerDecoder(nn.Module):
         return out
 
     # -- the decode-step interface --------------------------------------------------------------------
+    @property
+    def fixed_state(self) -> tuple[str, ...]:
+        """Names of the decode-state entries that depend on the image alone."""
+        return ("memory", *(f"cross_{kv}{i}" for i in range(len(self.layers)) for kv in "kv"))
+
     def init_state(self, features: torch.Tensor, use_cache: bool = True) -> dict[str, torch.Tensor]:
         """Per-image state for step-by-step decoding from features ``(B, L, D)`` (see the module docstring)."""
         memory = self.prepare_regions(features)

@@ -26,12 +26,17 @@ def caption_loss(logits: torch.Tensor, targets: torch.Tensor, alpha: torch.Tenso
     ``attention`` is the doubly stochastic term.
     """
     mask = targets != pad_index
-    log_probs = F.log_softmax(logits[mask].float(), dim=-1)                    # (N, V), real words only
-    cross_entropy = -log_probs.gather(1, targets[mask].unsqueeze(1)).mean()
+    words = mask.sum()
+    # every position through log_softmax, padding then given no weight: cheaper than copying the real
+    # rows out of (B, T, V) and scattering their gradient back
+    log_probs = F.log_softmax(logits.float(), dim=-1)                          # (B, T, V)
+    nll = -log_probs.gather(2, targets.unsqueeze(-1)).squeeze(-1)               # (B, T)
+    cross_entropy = torch.where(mask, nll, 0.0).sum() / words
     word_loss = cross_entropy
     if label_smoothing > 0:
-        word_loss = (1 - label_smoothing) * cross_entropy - label_smoothing * log_probs.mean()
-    out = {"cross_entropy": cross_entropy, "words": mask.sum()}
+        uniform = -torch.where(mask, log_probs.mean(dim=-1), 0.0).sum() / words
+        word_loss = (1 - label_smoothing) * cross_entropy + label_smoothing * uniform
+    out = {"cross_entropy": cross_entropy, "words": words}
     if alpha is not None and doubly_stochastic > 0:
         out["attention"] = doubly_stochastic_term(alpha, mask, doubly_stochastic)
         out["loss"] = word_loss + out["attention"]
