@@ -32,9 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from captioner.data.vocabulary import Vocabulary
 from captioner.models.attention import RegionAttention
-
-PAD_INDEX = 0   # <pad> in every vocabulary (captioner.data.vocabulary)
 
 
 @dataclass
@@ -170,7 +169,7 @@ class LSTMDecoder(nn.Module):
     def forward(self, features: torch.Tensor, captions: torch.Tensor) -> dict[str, torch.Tensor]:
         """Teacher-forced pass.
 
-        ``features`` (B, L, D); ``captions`` (B, T+1) = ``<start> w_1 .. <end> <pad>..`` (``<pad>`` = 0,
+        ``features`` (B, L, D); ``captions`` (B, T+1) = ``<start> w_1 .. <end> <pad>..`` (``<pad>``
         trailing). Returns ``logits`` (B', T, V) predicting ``captions[:, 1:]`` and ``alpha`` (B', T, L), where
         B' = B except in hard-attention training with ``location_samples = M > 1`` (B' = B * M, each
         caption repeated M times, ``repeats`` = M). Hard-attention training adds ``log_prob_location``
@@ -185,7 +184,7 @@ class LSTMDecoder(nn.Module):
         if repeats > 1:
             features, captions = features.repeat_interleave(repeats, 0), captions.repeat_interleave(repeats, 0)
         batch, num_steps = captions.shape[0], captions.shape[1] - 1
-        lengths = (captions[:, 1:] != PAD_INDEX).sum(dim=1)                     # (B,) real steps
+        lengths = (captions[:, 1:] != Vocabulary.pad_index).sum(dim=1)       # (B,) real steps
         order = lengths.argsort(descending=True, stable=True)
         steps = torch.arange(num_steps, device=captions.device)
         running = (lengths.index_select(0, order)[None, :] > steps[:, None]).sum(dim=1).tolist()   # rows at step t

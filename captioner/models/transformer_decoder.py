@@ -40,6 +40,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from captioner.data.vocabulary import Vocabulary
+
 
 @dataclass
 class TransformerDecoderConfig:
@@ -200,7 +202,7 @@ class TransformerDecoder(nn.Module):
         steps = tokens.shape[1]
         self.check_length(steps)
         causal = torch.ones(steps, steps, dtype=torch.bool, device=tokens.device).tril()
-        self_mask = (causal & (tokens != 0)[:, None, :])[:, None]                  # (B, 1, T, T)
+        self_mask = (causal & (tokens != Vocabulary.pad_index)[:, None, :])[:, None]   # (B, 1, T, T)
         x = self.embed(tokens, torch.arange(steps, device=tokens.device))
         for i, (layer, layer_kv) in enumerate(zip(self.layers, memory_kv)):
             x, _, layer_weights = layer(x, layer_kv, self_mask, need_weights=i == self.attention_layer)
