@@ -53,6 +53,7 @@ DEFAULTS: dict = {
         "decoder": "lstm",          # lstm (Show, Attend and Tell) | transformer
         # LSTM decoder
         "attention": "additive",    # additive | dot | scaled_dot | general | none
+        "score_activation": "tanh", # additive score: w . f(W_a a + W_h h) with f = tanh (the paper) | relu
         "attention_mode": "soft",   # soft | hard (stochastic hard attention trained with REINFORCE)
         "attention_dim": 512,       # A: size of the projected regions and query in the score
         "embed_dim": 512,           # word embedding size (and of the deep output layer)
@@ -63,6 +64,7 @@ DEFAULTS: dict = {
         "region_position": "none",  # LSTM: none | sinusoidal (appended); transformer: + learned (added)
         "position_dim": 32,         # LSTM: size of the appended sinusoidal code
         "doubly_stochastic": 1.0,   # lambda of the doubly stochastic attention regulariser
+        "doubly_stochastic_scale": "caption",  # caption: the term per caption | word: per word, as the cross-entropy (the paper's balance)
         # hard attention (attention_mode: hard), defaults of the paper's code
         "hard_decode": "argmax",    # argmax | sample: location chosen at inference
         "expectation_probability": 0.5,  # per caption, use alpha instead of a sampled location

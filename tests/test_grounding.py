@@ -169,3 +169,15 @@ def test_boxes_of_named_objects_per_word_by_file_name(coco_targets, tmp_path):
     assert sorted(boxes[4]) == [[2.0, 50.0, 12.0, 12.0], [50.0, 50.0, 12.0, 12.0]]  # each person
     with pytest.raises(CaptionerError, match="instances_test.json: no image named 'other.jpg'"):
         boxes_of_named_objects(instances, "other.jpg", words)
+
+
+def test_grounding_skips_images_the_instances_file_lacks_and_counts_them(coco_targets):
+    caption = "a puppy near two men"
+    tokens = COCO_VOCAB.encode(caption, 20)[1:-1]
+    maps = torch.tensor(np.stack([one_hot(0, 0).reshape(-1)] * len(tokens)), dtype=torch.float32)
+    generations = {5: Generation(tokens, 0.0, {"alpha": maps}), 99: Generation(tokens, 0.0, {"alpha": maps})}
+    result = ground(generations, COCO_VOCAB, coco_targets, {5: SIZE}, GRID)
+    assert result["images_grounded"] == 1 and result["images_without_objects"] == 1
+    assert result["words"] == 2
+    with pytest.raises(CaptionerError, match="none of the 1 images is in the instances file"):
+        ground({99: generations[99]}, COCO_VOCAB, coco_targets, {5: SIZE}, GRID)

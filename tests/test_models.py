@@ -108,6 +108,40 @@ def test_doubly_stochastic_term_by_hand():
     torch.testing.assert_close(out["cross_entropy"], torch.log(torch.tensor(5.0)))
 
 
+def test_doubly_stochastic_per_word_scale_divides_by_real_words():
+    logits = torch.zeros(2, 3, 5)
+    targets = torch.tensor([[3, 4, 0], [3, 0, 0]])
+    alpha = torch.tensor([[[0.5, 0.5], [1.0, 0.0], [0.0, 1.0]],
+                          [[0.2, 0.8], [0.9, 0.1], [0.3, 0.7]]])
+    per_caption = caption_loss(logits, targets, alpha, doubly_stochastic=2.0)["attention"]
+    per_word = caption_loss(logits, targets, alpha, doubly_stochastic=2.0, doubly_stochastic_scale="word")["attention"]
+    torch.testing.assert_close(per_word, per_caption * 2 / 3)           # 2 captions, 3 real words
+
+
+def test_doubly_stochastic_term_has_the_gradient_of_a_coverage_target_of_t_over_l():
+    """sum_i (1 - c_i)^2 and sum_i (T/L - c_i)^2 differ by a constant when sum_i c_i = T: same gradient."""
+    torch.manual_seed(0)
+    scores = torch.randn(1, 5, 12, requires_grad=True)
+    alpha = scores.softmax(-1)
+    mask = torch.ones(1, 5, dtype=torch.bool)
+    from captioner.training.losses import doubly_stochastic_term
+
+    (paper,) = torch.autograd.grad(doubly_stochastic_term(alpha, mask, 1.0), scores, retain_graph=True)
+    coverage = alpha.sum(1)
+    (target,) = torch.autograd.grad(((5 / 12 - coverage) ** 2).sum(), scores)
+    torch.testing.assert_close(paper, target)
+
+
+def test_relu_activation_in_the_additive_score():
+    torch.manual_seed(0)
+    attention = RegionAttention("additive", 6, 5, 4, activation="relu")
+    regions, query = torch.randn(2, 3, 6), torch.randn(2, 5)
+    expected = attention.energy(torch.relu(attention.region_proj(regions) + attention.query_proj(query)[:, None]))[..., 0]
+    torch.testing.assert_close(attention(attention.project_regions(regions), query, 3), expected.softmax(-1))
+    with pytest.raises(ValueError, match="activation"):
+        RegionAttention("additive", 6, 5, 4, activation="gelu")
+
+
 def test_label_smoothing_mixes_uniform_targets_and_still_ignores_padding():
     torch.manual_seed(0)
     logits = torch.randn(2, 4, 7)

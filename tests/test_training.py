@@ -162,6 +162,21 @@ def test_train_from_cached_features_then_cli_caption_and_evaluate(tiny_coco, tmp
     assert {"BLEU-4", "METEOR", "ROUGE-L", "CIDEr"} <= scores.keys() and scores["images"] == 6
     results = json.loads((tmp_path / "eval" / "captions_test.json").read_text())
     assert sorted(r["image_id"] for r in results) == list(range(300, 306))
+    attention = scores["attention"]
+    assert attention["regions"] == 4 and attention["mean_entropy"] <= attention["uniform_entropy"] + 1e-6
+    assert attention["peak_ratio"] >= 1.0 and "coverage" not in attention
+    # COCO instances for one image of the six: the split is scored, that image grounded, the rest counted
+    coco_instances = {"images": [{"id": 300, "file_name": "test/300.png", "width": 32, "height": 32}],
+                      "categories": [{"id": 18, "name": "dog"}],
+                      "annotations": [{"id": 1, "image_id": 300, "category_id": 18, "bbox": [0, 8, 16, 16], "area": 256,
+                                       "iscrowd": 0, "segmentation": [[0, 8, 16, 8, 16, 24, 0, 24]]}]}
+    (tmp_path / "coco_instances.json").write_text(json.dumps(coco_instances))
+    override = "data.instances=" + json.dumps({"test": str(tmp_path / "coco_instances.json")})
+    assert main(["evaluate", checkpoint, override, "--split", "test", "--beam", "2", "--out", str(tmp_path / "eval2"),
+                 "--device", "cpu"]) == 0
+    scores = json.loads((tmp_path / "eval2" / "scores_test.json").read_text())
+    assert scores["images"] == 6 and "CIDEr" in scores
+    assert scores["grounding"]["images_grounded"] == 1 and scores["grounding"]["images_without_objects"] == 5
 
 
 def test_hard_attention_run_round_trips_and_compare_writes_report(tiny_coco, tmp_path, capsys):

@@ -10,6 +10,7 @@ from captioner.data.dataset import CaptionDataset, image_transform
 from captioner.data.feature_cache import FeatureCache
 from captioner.data.readers import read_split
 from captioner.errors import CaptionerError
+from captioner.evaluation.attention_stats import attention_statistics
 from captioner.evaluation.caption_metrics import score_captions, write_coco_results
 from captioner.evaluation.generate import caption_texts, generate_captions
 from captioner.evaluation.grounding import ShapesTargets, ground, load_image_sizes, load_targets
@@ -62,12 +63,18 @@ def evaluate_checkpoint(checkpoint: str | Path, split: str = "test", *, beam_siz
     """Scores of ``checkpoint`` on ``split``; writes ``captions_{split}.json`` (COCO results format) and
     ``scores_{split}.json`` into ``out_dir`` (default: the checkpoint's folder). On the shapes data the
     scores add object precision and relation accuracy; wherever the config names an instances file for the
-    split (shapes or COCO), attention grounding (``pointing_accuracy`` and the ``grounding`` breakdown)."""
+    split (shapes or COCO), attention grounding (``pointing_accuracy`` and the ``grounding`` breakdown) of the
+    images the file holds. ``attention`` holds the sharpness statistics of
+    :func:`~captioner.evaluation.attention_stats.attention_statistics` (without the per-region list)."""
     model, vocab, config, dataset, generations, beam_size = decode_split(
         checkpoint, split, beam_size=beam_size, config_overrides=config_overrides, device=device, progress=progress)
     texts = caption_texts(generations, vocab)
     references = {r.image_id: r.captions for r in dataset.records}
     scores = score_captions(references, texts, spice=spice)
+    attention = attention_statistics(generations)
+    if attention is not None:
+        attention.pop("coverage")
+        scores["attention"] = attention
     targets, image_sizes = _targets(config, split)
     if isinstance(targets, ShapesTargets):
         scores.update(shapes_scores(texts, targets.objects))

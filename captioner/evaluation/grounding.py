@@ -219,18 +219,21 @@ def ground(generations: Mapping[int, Generation], vocab, targets: ShapesTargets 
     """Grounding of ``generations`` (``{image_id: Generation}``) against ``targets``, images of
     ``image_sizes`` ``{image_id: (width, height)}`` seen through a ``grid = (gh, gw)`` of regions.
 
-    Returns the overall measures (keys of the module docstring, plus ``words`` counted and ``map`` used)
-    with ``per_word`` and ``per_category`` breakdowns, or None when the decoder reports no attention maps.
+    Images that the instances file does not hold (a file covering part of the split) are left out and
+    counted in ``images_without_objects``; ``images_grounded`` counts the rest. Returns the overall measures
+    (keys of the module docstring, plus ``words`` counted and ``map`` used) with ``per_word`` and
+    ``per_category`` breakdowns, or None when the decoder reports no attention maps. A split none of whose
+    images is in the file is an error (captions and instances of different splits).
     """
     total, per_word, per_category = _Counts(), {}, {}
-    map_name = None
+    map_name, absent = None, []
     for image_id, generation in generations.items():
         if not generation.attention:
             return None
         map_name = "chosen" if "chosen" in generation.attention else "alpha"
         if image_id not in targets or image_id not in image_sizes:
-            raise CaptionerError(f"grounding: no objects for image {image_id!r} (captions and instances files "
-                                 "of different splits?)")
+            absent.append(image_id)
+            continue
         size = image_sizes[image_id]
         maps = generation.attention[map_name].float().reshape(-1, *grid).cpu().numpy()
         words = vocab.decode_tokens(generation.tokens)
@@ -243,7 +246,11 @@ def ground(generations: Mapping[int, Generation], vocab, targets: ShapesTargets 
             per_category.setdefault(target.category, _Counts()).add(*counts)
     if map_name is None:
         return None
-    return {**total.summary(), "map": map_name,
+    if absent and len(absent) == len(generations):
+        raise CaptionerError(f"grounding: none of the {len(absent)} images is in the instances file (e.g. image "
+                             f"{absent[0]!r}): captions and instances files of different splits?")
+    return {**total.summary(), "map": map_name, "images_grounded": len(generations) - len(absent),
+            "images_without_objects": len(absent),
             "per_word": {word: counts.summary() for word, counts in sorted(per_word.items())},
             "per_category": {name: counts.summary() for name, counts in sorted(per_category.items())}}
 

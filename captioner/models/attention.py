@@ -3,14 +3,16 @@
 Scores ``e_i`` of region ``a_i`` (D) against a query ``h`` (H, the decoder's previous hidden state):
 
 ==============  =============================================  ==========================
-``additive``    ``w . tanh(W_a a_i + W_h h)``                   Bahdanau; Xu et al. §4.2
+``additive``    ``w . f(W_a a_i + W_h h)``, f = tanh or ReLU   Bahdanau; Xu et al. §4.2
 ``dot``         ``(W_a a_i) . (W_h h)``                         Luong "dot", on projections
 ``scaled_dot``  ``(W_a a_i) . (W_h h) / sqrt(A)``               Vaswani et al.
 ``general``     ``h . (W a_i)``                                 Luong "general" (bilinear)
 ``none``        ``0`` for every region (alpha = uniform)       ablation: context = mean
 ==============  =============================================  ==========================
 
-``alpha = softmax(e)`` over the valid regions. The region side (``W_a a_i``) depends only on the image,
+``alpha = softmax(e)`` over the valid regions. The additive score's nonlinearity ``f`` is ``tanh`` (the paper's
+code) or ``relu`` (the popular PyTorch tutorial's): tanh bounds every hidden unit, so the score range can only
+grow through ``w``; ReLU leaves it unbounded. The region side (``W_a a_i``) depends only on the image,
 so :meth:`RegionAttention.project_regions` computes it once per image and every decoding step reuses it.
 """
 
@@ -22,16 +24,21 @@ import torch
 from torch import nn
 
 SCORES = ("additive", "dot", "scaled_dot", "general", "none")
+ACTIVATIONS = {"tanh": torch.tanh, "relu": torch.relu}
 
 
 class RegionAttention(nn.Module):
     """Scores L regions against a query and returns attention weights over them."""
 
-    def __init__(self, score: str, region_dim: int, query_dim: int, attention_dim: int, learned_sharpness: bool = False):
+    def __init__(self, score: str, region_dim: int, query_dim: int, attention_dim: int, learned_sharpness: bool = False,
+                 activation: str = "tanh"):
         super().__init__()
         if score not in SCORES:
             raise ValueError(f"attention score must be one of {SCORES}, not {score!r}")
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"the additive score's activation must be one of {tuple(ACTIVATIONS)}, not {activation!r}")
         self.score = score
+        self.activation = ACTIVATIONS[activation]
         if score == "additive":
             self.region_proj = nn.Linear(region_dim, attention_dim)
             self.query_proj = nn.Linear(query_dim, attention_dim, bias=False)
@@ -55,7 +62,7 @@ class RegionAttention(nn.Module):
         if self.score == "none":
             return query.new_zeros(query.shape[0], num_regions)
         if self.score == "additive":
-            hidden = torch.tanh(keys + self.query_proj(query).unsqueeze(1))
+            hidden = self.activation(keys + self.query_proj(query).unsqueeze(1))
             return self.energy(hidden).squeeze(-1)
         q = query if self.score == "general" else self.query_proj(query)
         return torch.bmm(keys, q.unsqueeze(-1)).squeeze(-1) * self.scale

@@ -39,6 +39,7 @@ def build_decoder(model_config: dict, vocab_size: int, feature_dim: int, grid: t
     if m["decoder"] == "lstm":
         return LSTMDecoder(LSTMDecoderConfig(
             vocab_size=vocab_size, region_dim=feature_dim, grid=tuple(grid), attention=m["attention"],
+            score_activation=m["score_activation"],
             attention_dim=m["attention_dim"], embed_dim=m["embed_dim"], hidden_dim=m["hidden_dim"],
             dropout=m["dropout"], gate=m["gate"], learned_sharpness=m["learned_sharpness"], region_position=m["region_position"],
             position_dim=m["position_dim"], attention_mode=m["attention_mode"], hard_decode=m["hard_decode"],

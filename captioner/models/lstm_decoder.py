@@ -42,6 +42,7 @@ class LSTMDecoderConfig:
     region_dim: int                 # D, the encoder's feature size
     grid: tuple[int, int]           # (gh, gw), L = gh * gw
     attention: str = "additive"
+    score_activation: str = "tanh"  # tanh | relu: the nonlinearity inside the additive score
     attention_dim: int = 512
     embed_dim: int = 512
     hidden_dim: int = 512
@@ -97,7 +98,8 @@ class LSTMDecoder(nn.Module):
             self.register_buffer("position_code", sinusoidal_grid_code(tuple(c.grid), position_dim), persistent=False)
         self.context_dim = d = c.region_dim + position_dim
         self.embedding = nn.Embedding(c.vocab_size, c.embed_dim)
-        self.attention = RegionAttention(c.attention, d, c.hidden_dim, c.attention_dim, c.learned_sharpness)
+        self.attention = RegionAttention(c.attention, d, c.hidden_dim, c.attention_dim, c.learned_sharpness,
+                                         c.score_activation)
         self.init_h = nn.Linear(d, c.hidden_dim)
         self.init_c = nn.Linear(d, c.hidden_dim)
         self.gate = None if c.gate == "none" else nn.Linear(c.hidden_dim, 1 if c.gate == "scalar" else d)

@@ -7,17 +7,30 @@ import torch
 import torch.nn.functional as F
 
 
-def doubly_stochastic_term(alpha: torch.Tensor, mask: torch.Tensor, weight: float) -> torch.Tensor:
-    """``weight * sum_i (1 - sum_t alpha_ti)^2`` (Xu et al. eq. 14), real steps only, averaged over captions.
+def doubly_stochastic_term(alpha: torch.Tensor, mask: torch.Tensor, weight: float, scale: str = "caption") -> torch.Tensor:
+    """``weight * sum_i (1 - sum_t alpha_ti)^2`` (Xu et al. eq. 14), real steps only.
 
-    ``alpha`` (B, T, L), ``mask`` (B, T) true at real (non-padding) steps.
+    ``alpha`` (B, T, L), ``mask`` (B, T) true at real (non-padding) steps. ``scale="caption"`` averages the
+    term over captions; ``"word"`` sums it over captions and divides by the number of real words, as the
+    cross-entropy beside it is: the balance of the paper's loss, whose likelihood term is summed over a
+    caption's words (per caption, the term weighs T times more against a per-word cross-entropy).
+
+    With a softmax over all L regions, ``sum_i sum_t alpha_ti = T`` for a caption of T words, so the term
+    equals ``sum_i (T/L - sum_t alpha_ti)^2`` plus a constant: it penalises uneven coverage, and when T << L
+    (12 words, 196 regions) every concentrated map is uneven coverage.
     """
+    if scale not in ("caption", "word"):
+        raise ValueError(f"model.doubly_stochastic_scale must be caption or word, not {scale!r}")
     coverage = (alpha.float() * mask.unsqueeze(-1)).sum(dim=1)             # (B, L)
-    return weight * ((1.0 - coverage) ** 2).sum(dim=1).mean()
+    per_caption = ((1.0 - coverage) ** 2).sum(dim=1)                        # (B,)
+    if scale == "word":
+        return weight * per_caption.sum() / mask.sum().clamp_min(1)
+    return weight * per_caption.mean()
 
 
 def caption_loss(logits: torch.Tensor, targets: torch.Tensor, alpha: torch.Tensor | None,
-                 doubly_stochastic: float, pad_index: int = 0, label_smoothing: float = 0.0) -> dict[str, torch.Tensor]:
+                 doubly_stochastic: float, pad_index: int = 0, label_smoothing: float = 0.0,
+                 doubly_stochastic_scale: str = "caption") -> dict[str, torch.Tensor]:
     """Loss of a teacher-forced batch.
 
     ``logits`` (B, T, V) predict ``targets`` (B, T); positions where ``targets == pad_index`` never count.
@@ -38,7 +51,7 @@ def caption_loss(logits: torch.Tensor, targets: torch.Tensor, alpha: torch.Tenso
         word_loss = (1 - label_smoothing) * cross_entropy + label_smoothing * uniform
     out = {"cross_entropy": cross_entropy, "words": words}
     if alpha is not None and doubly_stochastic > 0:
-        out["attention"] = doubly_stochastic_term(alpha, mask, doubly_stochastic)
+        out["attention"] = doubly_stochastic_term(alpha, mask, doubly_stochastic, doubly_stochastic_scale)
         out["loss"] = word_loss + out["attention"]
     else:
         out["loss"] = word_loss
@@ -47,7 +60,8 @@ def caption_loss(logits: torch.Tensor, targets: torch.Tensor, alpha: torch.Tenso
 
 def hard_attention_loss(out: dict[str, torch.Tensor], targets: torch.Tensor, baseline: torch.Tensor,
                         baseline_updates: torch.Tensor, *, doubly_stochastic: float, entropy_weight: float,
-                        baseline_decay: float = 0.9, reward_kind: str = "sequence", pad_index: int = 0) -> dict[str, torch.Tensor]:
+                        baseline_decay: float = 0.9, reward_kind: str = "sequence", pad_index: int = 0,
+                        doubly_stochastic_scale: str = "caption") -> dict[str, torch.Tensor]:
     """Surrogate loss whose gradient is the paper's estimator of ``-dL_s/dW`` (eq. 11-13).
 
     For each caption with sampled locations ``s`` (rows not in ``out["expectation_rows"]``):
@@ -93,7 +107,7 @@ def hard_attention_loss(out: dict[str, torch.Tensor], targets: torch.Tensor, bas
     result = {"cross_entropy": cross_entropy, "words": words, "reinforce": reinforce, "entropy": entropy,
               "reward": reward.mean(), "baseline": baseline.detach().clone()}
     if doubly_stochastic > 0:
-        result["attention"] = doubly_stochastic_term(out["alpha"], mask, doubly_stochastic)
+        result["attention"] = doubly_stochastic_term(out["alpha"], mask, doubly_stochastic, doubly_stochastic_scale)
         loss = loss + result["attention"]
     result["loss"] = loss
     if sampled.any():
@@ -111,6 +125,8 @@ def decoder_loss(decoder, out: dict[str, torch.Tensor], targets: torch.Tensor, c
         return hard_attention_loss(out, targets, decoder.reward_baseline, decoder.baseline_updates,
                                    doubly_stochastic=model_config["doubly_stochastic"],
                                    entropy_weight=model_config["entropy_weight"],
-                                   baseline_decay=model_config["baseline_decay"], reward_kind=model_config["hard_reward"])
+                                   baseline_decay=model_config["baseline_decay"], reward_kind=model_config["hard_reward"],
+                                   doubly_stochastic_scale=model_config["doubly_stochastic_scale"])
     return caption_loss(out["logits"], targets, out.get("alpha"), model_config["doubly_stochastic"],
-                        label_smoothing=config["train"]["label_smoothing"])
+                        label_smoothing=config["train"]["label_smoothing"],
+                        doubly_stochastic_scale=model_config["doubly_stochastic_scale"])

@@ -13,7 +13,6 @@ from __future__ import annotations
 import base64
 import html
 import json
-import math
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +22,7 @@ from matplotlib.figure import Figure
 
 from captioner.data.images import load_image
 from captioner.errors import CaptionerError
+from captioner.evaluation.attention_stats import attention_statistics
 from captioner.evaluation.evaluate import evaluate_checkpoint, split_dataset
 from captioner.evaluation.generate import generate_captions
 from captioner.inference import attention_maps, caption_files
@@ -47,24 +47,6 @@ def _read_metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def attention_statistics(model, dataset, vocab, *, beam_size: int, max_length: int, max_images: int) -> dict:
-    """Mean entropy (nats) of alpha per generated word, and every image-region coverage ``sum_t alpha_ti``."""
-    generations = generate_captions(model, dataset, vocab, beam_size=beam_size, max_length=max_length,
-                                    max_images=max_images)
-    entropies, coverage = [], []
-    for generation in generations.values():
-        alpha = generation.attention.get("alpha")
-        if alpha is None or len(alpha) == 0:
-            continue
-        entropies.append(-(alpha * alpha.clamp_min(1e-12).log()).sum(-1))
-        coverage.append(alpha.sum(0))
-    if not entropies:
-        return {"mean_entropy": None, "coverage": []}
-    regions = coverage[0].numel()
-    return {"mean_entropy": float(torch.cat(entropies).mean()), "max_entropy": math.log(regions),
-            "coverage": torch.cat(coverage).tolist()}
-
-
 def collect_run(run_dir: Path, split: str, beam_size: int, stats_images: int) -> dict:
     """Everything the report shows about one run."""
     checkpoint = _checkpoint_of(run_dir)
@@ -77,8 +59,9 @@ def collect_run(run_dir: Path, split: str, beam_size: int, stats_images: int) ->
     metrics = _read_metrics(run_dir)
     val = [m for m in metrics if m.get("type") == "val"]
     dataset = split_dataset(config, split, vocab, model)
-    stats = attention_statistics(model, dataset, vocab, beam_size=beam_size, max_length=config["decode"]["max_length"],
-                                 max_images=stats_images)
+    generations = generate_captions(model, dataset, vocab, beam_size=beam_size,
+                                    max_length=config["decode"]["max_length"], max_images=stats_images)
+    stats = attention_statistics(generations) or {"coverage": []}
     return {
         "name": run_dir.name, "dir": run_dir, "checkpoint": checkpoint, "config": config, "model": model,
         "vocab": vocab, "scores": scores, "metrics": metrics, "stats": stats,
@@ -176,8 +159,15 @@ def write_report(run_dirs: list[str | Path], out_dir: str | Path, *, split: str 
              "|" + "---|" * (len(columns) + 1)]
     lines += ["| " + run["name"] + " | " + " | ".join(_cell(_row(run).get(c)) for c in columns) + " |" for run in runs]
     lines += ["", "## Learning curves", "", f"![learning curves]({pictures['curves'].name})", "",
-              "## Attention statistics", "", "| run | mean entropy of alpha per word (nats) | max possible |", "|---|---|---|"]
-    lines += [f"| {r['name']} | {_cell(r['stats']['mean_entropy'])} | {_cell(r['stats'].get('max_entropy'))} |" for r in runs]
+              "## Attention statistics", "",
+              f"Over the first {stats_images} images' captions: the entropy of each word's map (uniform: log L), its "
+              "largest weight as a multiple of a uniform map's 1/L, and per caption the largest sum over words of "
+              "one region's weight.", "",
+              "| run | regions L | mean entropy (nats) | uniform entropy | peak / uniform | max coverage per caption |",
+              "|---|---|---|---|---|---|"]
+    lines += [f"| {r['name']} | {_cell(r['stats'].get('regions'))} | {_cell(r['stats'].get('mean_entropy'))} | "
+              f"{_cell(r['stats'].get('uniform_entropy'))} | {_cell(r['stats'].get('peak_ratio'))} | "
+              f"{_cell(r['stats'].get('mean_max_coverage'))} |" for r in runs]
     lines += ["", f"![coverage]({pictures['coverage'].name})", "", "## Same images, every run", ""]
     for example in examples:
         lines.append(f"### {Path(example['image']).name}")
