@@ -75,7 +75,7 @@ def measure(images: int, regions: int, dim: int, folder: Path) -> dict:
         "data.vocab_min_count=1", f"run.out={folder / 'run'}", "run.device=cpu",
         # VGG-19's conv layers give 14 x 14 x 512 at 224 px: the paper's features (built untrained, never run)
         "encoder.name=vgg19", "encoder.pretrained=false", f"encoder.image_size={16 * side}", "encoder.stride=16",
-        "model.attention_dim=64", "model.embed_dim=64", "model.hidden_dim=128",
+        "model.lstm.attention_dim=64", "model.lstm.embed_dim=64", "model.lstm.hidden_dim=128",
         "train.epochs=1", "train.batch_size=64", "train.val_max_images=32", "train.wandb=disabled",
         "train.log_every=100000", "train.early_stopping=0"])
     before = memory_kib()

@@ -18,7 +18,16 @@ import platform
 import time
 
 import torch
-from common import END, START, VOCAB, add_arguments, matmul_peak_gflops, random_captions, setup, training_step
+from common import (
+    END,
+    START,
+    VOCAB,
+    add_arguments,
+    matmul_peak_gflops,
+    random_captions,
+    setup,
+    training_step,
+)
 from torch.utils.flop_counter import FlopCounterMode
 
 from captioner.decoding.search import beam_search

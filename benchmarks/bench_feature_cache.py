@@ -21,8 +21,8 @@ import torch
 from common import add_arguments, setup
 from PIL import Image
 
-from captioner.data.dataset import image_transform
 from captioner.data.feature_cache import build_feature_cache
+from captioner.data.images import image_transform
 from captioner.data.readers import ImageRecord
 from captioner.models.encoder import EncoderConfig, build_encoder
 

@@ -22,10 +22,21 @@ from functools import partial
 from types import SimpleNamespace
 
 import torch
-from common import END, START, VOCAB, add_arguments, random_captions, setup, training_step
+from common import (
+    END,
+    START,
+    VOCAB,
+    add_arguments,
+    random_captions,
+    setup,
+    training_step,
+)
 
 from captioner.decoding.search import beam_search
-from captioner.models.transformer_decoder import TransformerDecoder, TransformerDecoderConfig
+from captioner.models.transformer_decoder import (
+    TransformerDecoder,
+    TransformerDecoderConfig,
+)
 
 REGIONS, REGION_DIM = 196, 512
 

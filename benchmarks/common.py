@@ -35,7 +35,7 @@ def training_step(decoder: torch.nn.Module, features: torch.Tensor, optimizer: t
 
     def step(captions: torch.Tensor) -> int:
         out = decoder(features, captions)
-        loss = caption_loss(out["logits"], captions[:, 1:], out["alpha"], doubly_stochastic)
+        loss = caption_loss(out.logits, captions[:, 1:], out.alpha, doubly_stochastic)
         optimizer.zero_grad(set_to_none=True)
         loss["loss"].backward()
         optimizer.step()

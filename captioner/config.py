@@ -1,22 +1,40 @@
 """Configuration as plain data: nested dicts loaded from YAML, with dotted command-line overrides.
 
-``DEFAULTS`` lists every setting and its default; a YAML file or an override may only set keys that
-exist there (a typo is an error, not a silently ignored setting). Overrides are ``section.key=value``
-with ``value`` parsed as YAML (``model.attention_dim=256``, ``encoder.grid=[7,7]``, ``run.device=cpu``).
-Every run writes its resolved config as ``config.yaml`` beside its checkpoints.
+Sections: ``run``, ``data``, ``encoder``, ``model``, ``loss``, ``train``, ``decode``. Every default is written
+once: here for the sections that have no class behind them, and in the config dataclass of the code that
+reads them for the others (``encoder`` from :class:`~captioner.models.encoder.EncoderConfig`, ``decode`` from
+:class:`~captioner.decoding.search.DecodeConfig`, ``model.lstm`` and ``model.transformer`` from each
+registered decoder's config dataclass, see :data:`captioner.models.captioner.DECODERS`). :func:`defaults`
+assembles them.
+
+A YAML file or an override may only set keys that exist (a typo is an error naming the key, with the
+closest known key as a suggestion). Overrides are ``section.key=value`` with ``value`` parsed as YAML
+(``model.lstm.attention_dim=256``, ``encoder.grid=[7,7]``, ``run.device=cpu``). Configs written before the
+decoders had sections of their own (flat ``model.*`` keys, ``train.label_smoothing``) are translated once,
+on reading, by :func:`translate_legacy`. Every run writes its resolved config as ``config.yaml``.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+import dataclasses
+import difflib
+import inspect
+import logging
+import re
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import yaml
 
+from captioner.decoding.search import DecodeConfig
 from captioner.errors import CaptionerError
+from captioner.models.captioner import DECODER_DATA_FIELDS, DECODERS
+from captioner.models.encoder import EncoderConfig
 
-DEFAULTS: dict = {
+log = logging.getLogger(__name__)
+
+SECTIONS: dict = {
     "run": {
         "out": "runs/default",      # run directory: checkpoints, metrics.jsonl, config.yaml
         "seed": 0,                  # seeds Python and torch; data order depends only on it and the epoch
@@ -40,46 +58,16 @@ DEFAULTS: dict = {
         "strict": False,            # unreadable images stop the run instead of being skipped
         "bucket_by_length": False,  # batches of similar caption length (less padding), order still random
     },
-    "encoder": {
-        "name": "vgg19",            # vgg19 | resnet101 | resnet152 | efficientnet_lite0/1/2 | mobilenet_v2
-        "pretrained": True,         # ImageNet weights (offline packages, else torchvision); False = random
-        "weights": None,            # a state-dict file to load instead
-        "image_size": 224,          # images are resized to this (int: square, or [H, W])
-        "stride": None,             # feature-map stride, 16 or 32; None = the backbone default
-        "grid": None,               # adaptive-average-pool the map to G x G or [gh, gw]; None = as is
-        "fine_tune_blocks": 0,      # 0 = frozen encoder; k = fine-tune its last k blocks (from images)
-    },
     "model": {
-        "decoder": "lstm",          # lstm (Show, Attend and Tell) | transformer
-        # LSTM decoder
-        "attention": "additive",    # additive | dot | scaled_dot | general | none
-        "score_activation": "tanh", # additive score: w . f(W_a a + W_h h) with f = tanh (the paper) | relu
-        "attention_mode": "soft",   # soft | hard (stochastic hard attention trained with REINFORCE)
-        "attention_dim": 512,       # A: size of the projected regions and query in the score
-        "embed_dim": 512,           # word embedding size (and of the deep output layer)
-        "hidden_dim": 512,          # LSTM state size
-        "dropout": 0.5,             # before the output layer (LSTM); in every block (Transformer)
-        "gate": "scalar",           # scalar | vector | none  (the paper's beta gate)
-        "learned_sharpness": False, # LSTM: a learned inverse temperature exp(s) on the attention scores
-        "region_position": "none",  # LSTM: none | sinusoidal (appended); transformer: + learned (added)
-        "position_dim": 32,         # LSTM: size of the appended sinusoidal code
+        "decoder": "lstm",          # lstm (Show, Attend and Tell) | transformer; its settings: model.<decoder>.*
+    },
+    "loss": {
         "doubly_stochastic": 1.0,   # lambda of the doubly stochastic attention regulariser
         "doubly_stochastic_scale": "caption",  # caption: the term per caption | word: per word, as the cross-entropy (the paper's balance)
-        # hard attention (attention_mode: hard), defaults of the paper's code
-        "hard_decode": "argmax",    # argmax | sample: location chosen at inference
-        "expectation_probability": 0.5,  # per caption, use alpha instead of a sampled location
-        "location_samples": 1,      # location samples per caption in training
-        "entropy_weight": 0.002,    # lambda_e of the entropy bonus
-        "baseline_decay": 0.9,      # b_k = decay * b_{k-1} + (1 - decay) * log p(y | s, a)
-        "hard_reward": "sequence",  # sequence: log p(y | s, a) (the paper) | per_word: divided by caption length
-        # Transformer decoder (dropout and region_position above are shared)
-        "d_model": 512,             # Transformer width
-        "num_layers": 3,            # Transformer layers
-        "num_heads": 8,             # attention heads per layer
-        "ffn_dim": 2048,            # feed-forward inner size
-        "tie_embeddings": True,     # the output layer's weight is the word embedding
-        "attention_layer": -1,      # the layer whose cross-attention (mean over heads) is reported as alpha
-        "max_length": 64,           # most word positions a caption or a decoding may use
+        "label_smoothing": 0.0,     # mix of the uniform distribution into the word targets
+        "entropy_weight": 0.002,    # hard attention: lambda_e of the entropy bonus
+        "baseline_decay": 0.9,      # hard attention: b_k = decay * b_{k-1} + (1 - decay) * reward
+        "hard_reward": "sequence",  # hard attention: sequence: log p(y | s, a) (the paper) | per_word: divided by caption length
     },
     "train": {
         "epochs": 20,               # passes over the training captions
@@ -103,31 +91,72 @@ DEFAULTS: dict = {
         "amp": False,               # mixed precision on CUDA: bf16 where supported, else fp16 with a gradient scaler
         "compile": False,           # torch.compile the model (CUDA only; ignored on CPU)
         "channels_last": True,      # channels-last memory format for the CNN when fine-tuning on CUDA
-        "label_smoothing": 0.0,     # mix of the uniform distribution into the word targets
-    },
-    "decode": {
-        "beam": 3,                  # beam size for evaluate, caption and attend (1 = greedy)
-        "max_length": 20,           # most words a generated caption may have
-        "length_penalty": 0.0,      # score / length**alpha when choosing among finished beams
-        "temperature": 1.0,         # softmax temperature when sampling
     },
 }
+ORDER = ("run", "data", "encoder", "model", "loss", "train", "decode")
 
 
-def _merge(base: dict, update: dict, where: str) -> dict:
+def dataclass_settings(cls, exclude: Iterable[str] = ()) -> dict:
+    """``{field: default}`` of a config dataclass, without the fields in ``exclude``."""
+    out = {}
+    for field in dataclasses.fields(cls):
+        if field.name in exclude:
+            continue
+        if field.default is not dataclasses.MISSING:
+            out[field.name] = copy.deepcopy(field.default)
+        elif field.default_factory is not dataclasses.MISSING:
+            out[field.name] = field.default_factory()
+        else:
+            raise TypeError(f"{cls.__name__}.{field.name} needs a default to be a setting")
+    return out
+
+
+def defaults() -> dict:
+    """Every setting with its default, as one nested dict (a fresh copy)."""
+    config = {name: copy.deepcopy(SECTIONS[name]) for name in ORDER if name in SECTIONS}
+    config["encoder"] = dataclass_settings(EncoderConfig)
+    config["decode"] = dataclass_settings(DecodeConfig)
+    for name, entry in DECODERS.items():
+        config["model"][name] = dataclass_settings(entry.config, DECODER_DATA_FIELDS)
+    return {name: config[name] for name in ORDER}
+
+
+def _dotted_keys(tree: dict, prefix: str = "") -> list[str]:
+    keys = []
+    for key, value in tree.items():
+        keys.append(prefix + key)
+        if isinstance(value, dict) and value:
+            keys += _dotted_keys(value, f"{prefix}{key}.")
+    return keys
+
+
+def _unknown(key: str, where: str, base: dict, prefix: str) -> CaptionerError:
+    dotted = prefix + key
+    known = _dotted_keys(defaults())
+    leaf = dotted.rsplit(".", 1)[-1]
+    same_leaf = [k for k in known if k.rsplit(".", 1)[-1] == leaf and k != dotted]
+    close = same_leaf or difflib.get_close_matches(dotted, known, n=1, cutoff=0.6)
+    hint = f"; did you mean '{close[0]}'?" if close else f" (known here: {', '.join(sorted(base))})"
+    return CaptionerError(f"{where}: unknown setting '{dotted}'{hint}")
+
+
+def _merge(base: dict, update: dict, where: str, prefix: str = "") -> dict:
+    """Merge ``update`` into ``base`` in place; a key ``base`` lacks is an error. A dict setting whose default
+    is empty (``data.captions``) takes any keys; one with keys of its own (a section) is merged key by key."""
     for key, value in update.items():
         if key not in base:
-            known = ", ".join(sorted(base))
-            raise CaptionerError(f"{where}: unknown setting '{key}' (known: {known})")
-        if isinstance(base[key], dict) and base[key] and isinstance(value, dict):
-            _merge(base[key], value, f"{where}.{key}")
+            raise _unknown(key, where, base, prefix)
+        if isinstance(base[key], dict) and base[key]:
+            if not isinstance(value, dict):
+                raise CaptionerError(f"{where}: '{prefix}{key}' is a section of settings, not a value")
+            _merge(base[key], value, where, f"{prefix}{key}.")
         else:
             base[key] = value
     return base
 
 
 def parse_override(text: str) -> dict:
-    """``"model.attention_dim=256"`` -> ``{"model": {"attention_dim": 256}}``."""
+    """``"model.lstm.attention_dim=256"`` -> ``{"model": {"lstm": {"attention_dim": 256}}}``."""
     if "=" not in text:
         raise CaptionerError(f"override '{text}': expected section.key=value")
     dotted, raw = text.split("=", 1)
@@ -135,16 +164,22 @@ def parse_override(text: str) -> dict:
         value = yaml.safe_load(raw) if raw != "" else None
     except yaml.YAMLError as err:
         raise CaptionerError(f"override '{text}': value is not valid YAML ({err.problem})") from None
-    keys = dotted.strip().split(".")
     nested: dict = value
-    for key in reversed(keys):
+    for key in reversed(dotted.strip().split(".")):
         nested = {key: nested}
     return nested
 
 
+def apply_overrides(config: dict, overrides: Sequence[str]) -> dict:
+    """``config`` with ``overrides`` applied in order (later wins); unknown keys are errors. In place."""
+    for text in overrides:
+        _merge(config, parse_override(text), f"override '{text}'")
+    return config
+
+
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> dict:
     """Defaults, then the YAML file, then the overrides (later wins). Returns a fresh nested dict."""
-    config = copy.deepcopy(DEFAULTS)
+    config = defaults()
     if path is not None:
         path = Path(path)
         try:
@@ -157,53 +192,116 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
             raise CaptionerError(f"{path}: invalid YAML{where}") from None
         if not isinstance(loaded, dict):
             raise CaptionerError(f"{path}: a config must be a mapping of sections")
+        loaded, moved = translate_legacy(loaded)
+        if moved:
+            log.warning("%s: settings in their old places were read as %s", path, ", ".join(moved))
         _merge(config, loaded, str(path))
-    for text in overrides:
-        _merge(config, parse_override(text), f"override '{text}'")
-    return config
+    return apply_overrides(config, overrides)
 
 
-def with_defaults(config: dict) -> dict:
-    """A saved config (a checkpoint's) completed with today's defaults for settings added since it was
-    written, so older checkpoints keep loading; its own values win, and settings no longer known are kept."""
-    merged = copy.deepcopy(DEFAULTS)
-    for section, values in config.items():
-        if isinstance(values, dict) and isinstance(merged.get(section), dict):
-            merged[section].update(values)
+# Loss settings that used to sit in ``model``, and the one that sat in ``train``.
+LEGACY_LOSS_KEYS = ("doubly_stochastic", "doubly_stochastic_scale", "entropy_weight", "baseline_decay", "hard_reward")
+
+
+def translate_legacy(config: dict) -> tuple[dict, list[str]]:
+    """A config written before decoders had sections of their own, in today's layout: flat ``model.KEY``
+    moves to ``model.<decoder>.KEY`` (the config's decoder for keys that several decoders have, else the
+    decoder that has the key), loss settings to ``loss``. Returns the new config and the moved keys' new
+    names. Keys no decoder knows stay where they are (and are reported as unknown later)."""
+    config = copy.deepcopy(config)
+    model, moved = config.get("model"), []
+    if not isinstance(model, dict):
+        return config, moved
+    decoder = model.get("decoder", "lstm")
+    owners = {name: {f.name for f in dataclasses.fields(entry.config)} - set(DECODER_DATA_FIELDS)
+              for name, entry in DECODERS.items()}
+    for key in [k for k, v in model.items() if k != "decoder" and k not in owners and not isinstance(v, dict)]:
+        if key in LEGACY_LOSS_KEYS:
+            target = ("loss", key)
         else:
-            merged[section] = values
-    return merged
+            having = [name for name, keys in owners.items() if key in keys]
+            if not having:
+                continue
+            target = ("model", decoder if decoder in having else having[0], key)
+        value = model.pop(key)
+        section = config.setdefault(target[0], {})
+        if len(target) == 3:
+            section = section.setdefault(target[1], {})
+        section.setdefault(target[-1], value)
+        moved.append(".".join(target))
+    train = config.get("train")
+    if isinstance(train, dict) and "label_smoothing" in train:
+        config.setdefault("loss", {}).setdefault("label_smoothing", train.pop("label_smoothing"))
+        moved.append("loss.label_smoothing")
+    return config, moved
+
+
+def complete(config: dict) -> dict:
+    """A saved config (a checkpoint's) in today's layout, completed with today's defaults for settings added
+    since it was written, so older checkpoints keep loading; its own values win, and settings no longer
+    known are kept."""
+    def fill(base: dict, saved: dict) -> dict:
+        for key, value in saved.items():
+            if isinstance(base.get(key), dict) and base[key] and isinstance(value, dict):
+                fill(base[key], value)
+            else:
+                base[key] = value
+        return base
+
+    return fill(defaults(), translate_legacy(config)[0])
 
 
 def save_config(config: dict, path: str | Path) -> None:
     Path(path).write_text(yaml.safe_dump(config, sort_keys=False))
 
 
-def config_reference() -> str:
-    """Every setting of :data:`DEFAULTS` with its default and the comment beside it in this file, as one
-    Markdown table per section (the README's configuration reference is this text)."""
-    import inspect
-    import re
-    import sys
+def _comments(source: str, pattern: str) -> dict[str, str]:
+    """``{name: comment}`` of the lines of ``source`` that match ``pattern`` (groups: name, comment)."""
+    return {m.group(1): (m.group(2) or "").strip() for m in re.finditer(pattern, source, re.MULTILINE)}
 
-    source = inspect.getsource(sys.modules[__name__])
-    block = source[source.index("DEFAULTS: dict = {"):source.index("\n}\n", source.index("DEFAULTS: dict = {"))]
-    notes: dict[tuple[str, str], str] = {}
+
+def _notes() -> dict[str, str]:
+    """The comment beside each setting, by dotted name: this file's sections and the config dataclasses."""
+    notes = {}
+    source = inspect.getsource(inspect.getmodule(_notes))
+    block = source[source.index("SECTIONS: dict = {"):source.index("\n}\n", source.index("SECTIONS: dict = {"))]
     section = None
     for line in block.splitlines():
         opening = re.match(r'^    "(\w+)": \{', line)
+        setting = re.match(r'^        "(\w+)":[^#]*(?:#\s*(.*))?$', line)
         if opening:
             section = opening.group(1)
-            continue
-        setting = re.match(r'^        "(\w+)":[^#]*(?:#\s*(.*))?$', line)
-        if setting and section:
-            notes[(section, setting.group(1))] = (setting.group(2) or "").strip()
-    lines = []
-    for name, values in DEFAULTS.items():
-        lines += [f"**{name}**", "", "| setting | default | meaning |", "|---|---|---|"]
-        for key, value in values.items():
+        elif setting and section:
+            notes[f"{section}.{setting.group(1)}"] = (setting.group(2) or "").strip()
+    dataclass_line = r"^    (\w+):[^#\n]*=[^#\n]*(?:#\s*(.*))?$"
+    for section, cls in (("encoder", EncoderConfig), ("decode", DecodeConfig)):
+        for key, note in _comments(inspect.getsource(cls), dataclass_line).items():
+            notes[f"{section}.{key}"] = note
+    for name, entry in DECODERS.items():
+        for key, note in _comments(inspect.getsource(entry.config), dataclass_line).items():
+            notes[f"model.{name}.{key}"] = note
+    return notes
+
+
+def config_reference() -> str:
+    """Every setting with its default and the comment beside it where it is written, as one Markdown table
+    per section (``model`` per decoder); the README's configuration reference is this text."""
+    notes, lines = _notes(), []
+
+    def table(title: str, rows: dict, prefix: str) -> None:
+        nonlocal lines
+        lines += [f"**{title}**", "", "| setting | default | meaning |", "|---|---|---|"]
+        for key, value in rows.items():
+            if isinstance(value, dict) and value and prefix == "model.":
+                continue
             shown = yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
-            note = notes.get((name, key), "").replace("|", "\\|")
-            lines.append(f"| `{name}.{key}` | `{shown}` | {note} |")
+            lines.append(f"| `{prefix}{key}` | `{shown}` | {notes.get(prefix + key, '').replace('|', chr(92) + '|')} |")
         lines.append("")
+
+    for name, values in defaults().items():
+        table(name, values, f"{name}.")
+        if name == "model":
+            for decoder, settings in values.items():
+                if isinstance(settings, dict):
+                    table(f"model.{decoder}", settings, f"model.{decoder}.")
     return "\n".join(lines).rstrip() + "\n"

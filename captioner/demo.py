@@ -2,18 +2,28 @@
 figures -> comparison report.
 
 Runs ``configs/demo_{name}.yaml`` for each name in ``DEMO_RUNS`` with the same seed and budget,
-evaluates each on the held-out test split with beam 3, captions a few test images with attention
+evaluates each on the held-out test split (beam: the configs' decode.beam), captions a few test images with attention
 figures, compares the runs (``captioner compare``) and writes ``{out}/summary.json``.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from pathlib import Path
 
+from captioner.checkpoint import load_model
 from captioner.config import load_config
+from captioner.data.feature_cache import cache_features
+from captioner.data.readers import read_split
+from captioner.data.shapes import FORMAT_VERSION, generate_shapes
+from captioner.decoding.search import DecodeConfig
 from captioner.errors import CaptionerError
+from captioner.evaluation.evaluate import evaluate_checkpoint
+from captioner.inference import attend_file
+from captioner.training.engine import train
+from captioner.visualisation.report import write_report
 
 DEMO_RUNS = ("soft", "none", "hard", "transformer")
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
@@ -33,15 +43,13 @@ def shapes_overrides(data_dir: Path, features: Path) -> list[str]:
 
 
 # A smoke-sized run: the same pipeline end to end in seconds (used by the tests, `captioner demo --fast`).
-FAST_OVERRIDES = ["train.epochs=1", "model.hidden_dim=32", "model.attention_dim=16", "model.embed_dim=16",
+FAST_OVERRIDES = ["train.epochs=1", "model.lstm.hidden_dim=32", "model.lstm.attention_dim=16", "model.lstm.embed_dim=16",
                   "train.val_max_images=16", "encoder.pretrained=false"]
 
 
 def ensure_shapes(data_dir: Path, num_images: int, seed: int = 0) -> dict:
     """Generate the shapes data unless ``data_dir`` already holds the same (seed, size, format) set;
     returns the data's ``info`` block."""
-    from captioner.data.shapes import FORMAT_VERSION, generate_shapes
-
     marker = data_dir / "annotations" / "captions_test.json"
     if marker.exists():
         info = json.loads(marker.read_text()).get("info", {})
@@ -57,8 +65,6 @@ def ensure_shapes(data_dir: Path, num_images: int, seed: int = 0) -> dict:
 def reset_stale_features(features: Path, data_info: dict) -> None:
     """Empty the feature cache when it was made from other shapes data (another seed, size or format),
     so the resumable cache never mixes old features with new images."""
-    import shutil
-
     stamp = features / "shapes_info.json"
     if stamp.exists() and json.loads(stamp.read_text()) == data_info:
         return
@@ -70,40 +76,21 @@ def reset_stale_features(features: Path, data_info: dict) -> None:
 
 def cache_demo_features(config: dict) -> float:
     """Cache the frozen encoder's features for every split; returns the seconds spent."""
-    from captioner.data.dataset import image_transform
-    from captioner.data.feature_cache import build_feature_cache
-    from captioner.data.readers import read_split
-    from captioner.models.encoder import EncoderConfig, build_encoder
-    from captioner.utils import resolve_device
-
     started = time.perf_counter()
-    records = [r for split in ("train", "val", "test") for r in read_split(config["data"], split)]
-    encoder = build_encoder(EncoderConfig(**config["encoder"])).to(resolve_device(config["run"]["device"]))
-    result = build_feature_cache(encoder, records, config["data"]["features"], transform=image_transform(encoder),
-                                 batch_size=64, encoder_config=config["encoder"])
+    result = cache_features(config, ("train", "val", "test"), batch_size=64)
     if result["failed"]:
         raise CaptionerError(f"{config['data']['features']}: {len(result['failed'])} demo image(s) unreadable")
     return time.perf_counter() - started
 
 
 def demo_figures(checkpoint: Path, config: dict, out_dir: Path, count: int) -> list[str]:
-    """Caption the first ``count`` test images and draw their attention figures."""
-    from captioner.data.images import load_image
-    from captioner.data.readers import read_split
-    from captioner.inference import attention_maps, caption_files
-    from captioner.training.checkpoint import load_model
-    from captioner.visualisation.attention_figure import draw_attention_figure
-
-    model, vocab, _, _ = load_model(checkpoint)
-    records = read_split(config["data"], "test")[:count]
-    results = caption_files(model, vocab, [r.path for r in records], beam_size=3, max_length=config["decode"]["max_length"])
+    """Caption the first ``count`` test images and draw their attention figures (as ``captioner attend``)."""
+    model, vocab, config, _ = load_model(checkpoint)
     paths = []
-    for record, result in zip(records, results):
+    for record in read_split(config["data"], "test")[:count]:
         path = out_dir / f"attention_{record.image_id}.png"
-        chosen = attention_maps(result.generation, model.encoder.grid, "chosen")
-        draw_attention_figure(load_image(record.path), result.words,
-                              attention_maps(result.generation, model.encoder.grid).numpy(), path,
-                              chosen=None if chosen is None else chosen.numpy(), title=result.caption)
+        result = attend_file(model, vocab, record.path, path, DecodeConfig.of(config),
+                             max_pixels=config["data"]["max_pixels"])
         print(f"  {record.path.name}: {result.caption}")
         paths.append(str(path))
     return paths
@@ -111,10 +98,6 @@ def demo_figures(checkpoint: Path, config: dict, out_dir: Path, count: int) -> l
 
 def run_demo(out: Path, data_dir: Path, fast: bool = False, runs: tuple[str, ...] = DEMO_RUNS) -> dict:
     """The whole main job; returns (and writes) the summary."""
-    from captioner.evaluation.evaluate import evaluate_checkpoint
-    from captioner.training.engine import train
-    from captioner.visualisation.report import write_report
-
     started = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
     data_info = ensure_shapes(data_dir, num_images=150 if fast else 3000)
@@ -127,10 +110,10 @@ def run_demo(out: Path, data_dir: Path, fast: bool = False, runs: tuple[str, ...
     for name, config in configs.items():
         model = config["model"]
         kind = ("Transformer decoder" if model["decoder"] == "transformer"
-                else f"LSTM, {model['attention']} {model['attention_mode']} attention")
+                else f"LSTM, {model['lstm']['attention']} {model['lstm']['attention_mode']} attention")
         print(f"\n== training '{name}' ({kind}) ==")
         result = train(config, overwrite=True)
-        scores = evaluate_checkpoint(result["checkpoint"], "test", beam_size=3, out_dir=out / name, progress=False)
+        scores = evaluate_checkpoint(result["checkpoint"], "test", out_dir=out / name, progress=False)
         elapsed = time.perf_counter() - started
         print(f"'{name}' trained and scored {elapsed / 60:.1f} min after the start (data and features included): "
               f"test BLEU-4 {scores['BLEU-4']:.3f}")
@@ -143,7 +126,7 @@ def run_demo(out: Path, data_dir: Path, fast: bool = False, runs: tuple[str, ...
     summary["figures"] = demo_figures(Path(summary["runs"][runs[0]]["checkpoint"]), configs[runs[0]], figure_dir,
                                       FIGURE_IMAGES)
     print("\n== comparison report ==")
-    report = write_report([out / name for name in runs], out / "report", beam_size=3, stats_images=100)
+    report = write_report([out / name for name in runs], out / "report", stats_images=100)
     summary["report"] = report["html"]
     summary["total_seconds"] = round(time.perf_counter() - started, 1)
     (out / "summary.json").write_text(json.dumps(summary, indent=2))

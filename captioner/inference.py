@@ -1,4 +1,5 @@
-"""Caption image files with a trained model: the work behind ``captioner caption`` and ``captioner attend``."""
+"""Caption image files with a trained model and draw where it looked: the work behind ``captioner caption``
+and ``captioner attend``, also used by the demo and the comparison report."""
 
 from __future__ import annotations
 
@@ -8,11 +9,12 @@ from pathlib import Path
 
 import torch
 
-from captioner.data.dataset import image_transform
-from captioner.data.images import load_image
+from captioner.data.images import image_transform, load_image
 from captioner.data.vocabulary import Vocabulary
-from captioner.decoding.search import Generation, decode
-from captioner.errors import ImageError
+from captioner.decoding.search import DecodeConfig, Generation, decode
+from captioner.errors import CaptionerError, ImageError
+from captioner.evaluation.grounding import boxes_of_named_objects
+from captioner.visualisation.attention_figure import draw_attention_figure
 
 
 @dataclass
@@ -26,9 +28,10 @@ class CaptionResult:
     error: str | None = None
 
 
-def caption_files(model, vocab: Vocabulary, paths: Sequence[str | Path], *, beam_size: int = 3, max_length: int = 20,
-                  length_penalty: float = 0.0, batch_size: int = 16, max_pixels: int = 64_000_000) -> list[CaptionResult]:
-    """Caption every readable file (in batches); unreadable ones get ``error`` and the rest go on."""
+def caption_files(model, vocab: Vocabulary, paths: Sequence[str | Path], settings: DecodeConfig, *,
+                  batch_size: int = 16, max_pixels: int = 64_000_000) -> list[CaptionResult]:
+    """Caption every readable file (in batches) as ``settings`` say; unreadable ones get ``error`` and the
+    rest go on."""
     transform = image_transform(model.encoder)
     results = [CaptionResult(Path(p)) for p in paths]
     readable: list[tuple[CaptionResult, torch.Tensor]] = []
@@ -42,8 +45,7 @@ def caption_files(model, vocab: Vocabulary, paths: Sequence[str | Path], *, beam
         for start in range(0, len(readable), batch_size):
             chunk = readable[start : start + batch_size]
             images = torch.stack([x for _, x in chunk]).to(model.device)
-            generations = decode(model.decoder, model.features(images), beam_size=beam_size, max_length=max_length,
-                                 start_index=vocab.start_index, end_index=vocab.end_index, length_penalty=length_penalty)
+            generations = decode(model.decoder, model.regions(images=images), vocab, settings)
             for (result, _), generation in zip(chunk, generations):
                 result.generation = generation
                 result.words = [vocab.words[i] for i in generation.tokens]
@@ -55,3 +57,22 @@ def attention_maps(generation: Generation, grid: tuple[int, int], name: str = "a
     """The per-word maps ``name`` of a generation as ``(T, gh, gw)`` (None when the decoder has none)."""
     maps = generation.attention.get(name)
     return None if maps is None else maps.reshape(-1, *grid)
+
+
+def attend_file(model, vocab: Vocabulary, image: str | Path, out: str | Path, settings: DecodeConfig, *,
+                max_pixels: int = 64_000_000, instances: str | Path | None = None, title: str = "") -> CaptionResult:
+    """Caption ``image`` and draw the paper-style attention figure into ``out``: the image, then each word's
+    map (hard attention: its chosen cell too); with a COCO ``instances`` file, each word's panel outlines the
+    boxes of the object it names. Raises :class:`~captioner.errors.ImageError` for an unreadable image."""
+    (result,) = caption_files(model, vocab, [image], settings, max_pixels=max_pixels)
+    if result.error:
+        raise ImageError(result.error)
+    grid = model.encoder.grid
+    chosen = attention_maps(result.generation, grid, "chosen")
+    alpha = attention_maps(result.generation, grid, "alpha")
+    if alpha is None:
+        raise CaptionerError(f"{image}: this model's decoder reports no attention maps to draw")
+    boxes = boxes_of_named_objects(instances, image, result.words) if instances else None
+    draw_attention_figure(load_image(image, max_pixels=max_pixels), result.words, alpha.numpy(), out, boxes=boxes,
+                          chosen=None if chosen is None else chosen.numpy(), title=title + result.caption)
+    return result

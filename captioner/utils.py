@@ -1,7 +1,8 @@
-"""Small helpers: device choice, seeding, random-state capture, atomic file writes."""
+"""Small helpers: device choice, seeding, random-state capture, JSON reading, atomic file writes."""
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import tempfile
@@ -66,3 +67,19 @@ def atomic_write(path: str | Path, write) -> None:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+def read_json(path: str | Path) -> object:
+    """Parse a JSON file; errors name the file and the line/column at fault."""
+    path = Path(path)
+    try:
+        with path.open("rb") as handle:
+            return json.load(handle)
+    except FileNotFoundError:
+        raise CaptionerError(f"{path}: file not found") from None
+    except json.JSONDecodeError as err:
+        raise CaptionerError(f"{path}: malformed JSON at line {err.lineno}, column {err.colno}: {err.msg}") from None
+    except UnicodeDecodeError as err:
+        raise CaptionerError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+    except OSError as err:
+        raise CaptionerError(f"{path}: cannot read ({err.strerror})") from None

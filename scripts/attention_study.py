@@ -40,22 +40,22 @@ FEATURES = ROOT / "runs" / "features"
 
 # name -> (what it changes, overrides on configs/flickr8k_soft.yaml)
 VARIANTS: dict[str, tuple[str, list[str]]] = {
-    "baseline": ("today's recipe: lambda 1 per caption, tanh score", ["model.doubly_stochastic_scale=caption"]),
-    "lambda0": ("no doubly stochastic term", ["model.doubly_stochastic=0"]),
-    "word": ("lambda 1 per word (the paper's balance)", ["model.doubly_stochastic_scale=word"]),
-    "relu": ("ReLU in the additive score", ["model.doubly_stochastic_scale=caption", "model.score_activation=relu"]),
-    "sharpness": ("learned inverse temperature", ["model.doubly_stochastic_scale=caption", "model.learned_sharpness=true"]),
-    "gate_none": ("no beta gate", ["model.doubly_stochastic_scale=caption", "model.gate=none"]),
-    "lr1e-3": ("learning rate 1e-3", ["model.doubly_stochastic_scale=caption", "train.lr=0.001"]),
-    "word_relu": ("per word + ReLU", ["model.doubly_stochastic_scale=word", "model.score_activation=relu"]),
+    "baseline": ("today's recipe: lambda 1 per caption, tanh score", ["loss.doubly_stochastic_scale=caption"]),
+    "lambda0": ("no doubly stochastic term", ["loss.doubly_stochastic=0"]),
+    "word": ("lambda 1 per word (the paper's balance)", ["loss.doubly_stochastic_scale=word"]),
+    "relu": ("ReLU in the additive score", ["loss.doubly_stochastic_scale=caption", "model.lstm.score_activation=relu"]),
+    "sharpness": ("learned inverse temperature", ["loss.doubly_stochastic_scale=caption", "model.lstm.learned_sharpness=true"]),
+    "gate_none": ("no beta gate", ["loss.doubly_stochastic_scale=caption", "model.lstm.gate=none"]),
+    "lr1e-3": ("learning rate 1e-3", ["loss.doubly_stochastic_scale=caption", "train.lr=0.001"]),
+    "word_relu": ("per word + ReLU", ["loss.doubly_stochastic_scale=word", "model.lstm.score_activation=relu"]),
     "word_sharp": ("per word + learned sharpness",
-                   ["model.doubly_stochastic_scale=word", "model.learned_sharpness=true"]),
-    "lambda0_sharp": ("no term + learned sharpness", ["model.doubly_stochastic=0", "model.learned_sharpness=true"]),
+                   ["loss.doubly_stochastic_scale=word", "model.lstm.learned_sharpness=true"]),
+    "lambda0_sharp": ("no term + learned sharpness", ["loss.doubly_stochastic=0", "model.lstm.learned_sharpness=true"]),
     "grid7": ("7x7 regions (conv5_4 average-pooled), lambda 1 per caption",
-              ["model.doubly_stochastic_scale=caption", "encoder.grid=7", f"data.features={FEATURES}/flickr8k_vgg19_7x7"]),
-    "word_grid7": ("7x7 regions, per word", ["model.doubly_stochastic_scale=word", "encoder.grid=7",
+              ["loss.doubly_stochastic_scale=caption", "encoder.grid=7", f"data.features={FEATURES}/flickr8k_vgg19_7x7"]),
+    "word_grid7": ("7x7 regions, per word", ["loss.doubly_stochastic_scale=word", "encoder.grid=7",
                                               f"data.features={FEATURES}/flickr8k_vgg19_7x7"]),
-    "none": ("no attention (mean of regions): the ablation", ["model.attention=none", "model.doubly_stochastic=0"]),
+    "none": ("no attention (mean of regions): the ablation", ["model.lstm.attention=none", "loss.doubly_stochastic=0"]),
 }
 
 

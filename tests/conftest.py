@@ -52,7 +52,7 @@ def tiny_config(root, out, **sections):
         f"data.images={json.dumps({s: str(root / 'images') for s in splits})}",
         "data.vocab_min_count=1", f"run.out={out}", "run.device=cpu",
         "encoder.name=mobilenet_v2", "encoder.pretrained=false", "encoder.image_size=32", "encoder.stride=16",
-        "model.attention_dim=8", "model.embed_dim=8", "model.hidden_dim=16", "model.dropout=0.2",
+        "model.lstm.attention_dim=8", "model.lstm.embed_dim=8", "model.lstm.hidden_dim=16", "model.lstm.dropout=0.2",
         "train.epochs=2", "train.batch_size=5", "train.log_every=1", "train.wandb=disabled", "train.early_stopping=0",
         "decode.max_length=8",
     ]
@@ -70,7 +70,7 @@ def memorise(decoder, features, captions, lr: float, steps: int = 150) -> float:
     optimizer = torch.optim.Adam(decoder.parameters(), lr=lr)
     for _ in range(steps):
         out = decoder(features, captions)
-        loss = caption_loss(out["logits"], captions[:, 1:], out["alpha"], 0.0)["loss"]
+        loss = caption_loss(out.logits, captions[:, 1:], out.alpha, 0.0)["loss"]
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()

@@ -5,7 +5,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from captioner.visualisation.attention_figure import draw_attention_figure, upsample_attention
+from captioner.visualisation.attention_figure import (
+    draw_attention_figure,
+    upsample_attention,
+)
 
 WORDS = ["a", "red", "circle", "<end>"]
 

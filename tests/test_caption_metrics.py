@@ -13,7 +13,12 @@ import pytest
 
 from captioner.errors import CaptionerError
 from captioner.evaluation import caption_metrics
-from captioner.evaluation.caption_metrics import METRICS, ptb_tokenize, score_captions, write_coco_results
+from captioner.evaluation.caption_metrics import (
+    METRICS,
+    ptb_tokenize,
+    score_captions,
+    write_coco_results,
+)
 
 REFERENCES = {
     1: ["A dog runs across the green grass.", "a brown dog running on a lawn", "The dog is playing outside."],

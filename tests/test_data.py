@@ -1,14 +1,16 @@
 """Vocabulary, config, COCO and Karpathy readers, datasets and the resumable sampler."""
 
+import dataclasses
 import json
 
 import pytest
 import torch
 
-from captioner.config import DEFAULTS, load_config, parse_override
+from captioner.config import defaults, load_config, parse_override
 from captioner.data.dataset import CaptionDataset, EpochSampler, collate
 from captioner.data.readers import read_coco_captions, read_karpathy, read_split
-from captioner.data.vocabulary import SPECIALS, Vocabulary, tokenize
+from captioner.data.text import tokenize
+from captioner.data.vocabulary import SPECIALS, Vocabulary
 from captioner.errors import CaptionerError
 
 
@@ -38,18 +40,49 @@ def test_vocabulary_max_length_and_max_size():
 
 def test_config_overrides_and_unknown_keys(tmp_path):
     path = tmp_path / "c.yaml"
-    path.write_text("model:\n  attention_dim: 64\n")
-    config = load_config(path, ["model.hidden_dim=32", "encoder.grid=[7, 7]", "run.device=cpu"])
-    assert config["model"]["attention_dim"] == 64 and config["model"]["hidden_dim"] == 32
+    path.write_text("model:\n  lstm:\n    attention_dim: 64\n")
+    config = load_config(path, ["model.lstm.hidden_dim=32", "encoder.grid=[7, 7]", "run.device=cpu"])
+    assert config["model"]["lstm"]["attention_dim"] == 64 and config["model"]["lstm"]["hidden_dim"] == 32
     assert config["encoder"]["grid"] == [7, 7]
-    assert DEFAULTS["model"]["attention_dim"] == 512  # defaults untouched
-    with pytest.raises(CaptionerError, match="unknown setting 'atention_dim'"):
-        load_config(None, ["model.atention_dim=3"])
+    assert defaults()["model"]["lstm"]["attention_dim"] == 512  # defaults untouched
+    with pytest.raises(CaptionerError, match="unknown setting 'model.lstm.atention_dim'; did you mean "
+                                             "'model.lstm.attention_dim'"):
+        load_config(None, ["model.lstm.atention_dim=3"])
+    with pytest.raises(CaptionerError, match="unknown setting 'model.attention_dim'; did you mean 'model.lstm.attention_dim'"):
+        load_config(None, ["model.attention_dim=3"])
+    with pytest.raises(CaptionerError, match="'model.lstm' is a section of settings, not a value"):
+        load_config(None, ["model.lstm=3"])
     with pytest.raises(CaptionerError, match="expected section.key=value"):
         parse_override("model.hidden_dim")
     path.write_text("model: [unclosed\n")
     with pytest.raises(CaptionerError, match="invalid YAML"):
         load_config(path)
+
+
+def test_each_default_is_written_once_in_the_class_that_reads_it():
+    from captioner.decoding.search import DecodeConfig
+    from captioner.models.encoder import EncoderConfig
+    from captioner.models.lstm_decoder import LSTMDecoderConfig
+    from captioner.models.transformer_decoder import TransformerDecoderConfig
+
+    config, data_fields = defaults(), ("vocab_size", "region_dim", "grid")
+    for section, cls, derived in ((config["model"]["lstm"], LSTMDecoderConfig, data_fields),
+                                  (config["model"]["transformer"], TransformerDecoderConfig, data_fields),
+                                  (config["encoder"], EncoderConfig, ()), (config["decode"], DecodeConfig, ())):
+        assert section == {f.name: f.default for f in dataclasses.fields(cls) if f.name not in derived}
+    transformer = load_config(None, ["model.decoder=transformer"])["model"]["transformer"]
+    assert transformer["dropout"] == 0.1 and transformer["region_position"] == "learned"
+
+
+def test_flat_configs_of_earlier_versions_are_translated_once(tmp_path):
+    path = tmp_path / "old.yaml"
+    path.write_text("model:\n  decoder: transformer\n  d_model: 64\n  dropout: 0.2\n  attention_dim: 32\n"
+                    "  doubly_stochastic: 0.0\ntrain:\n  label_smoothing: 0.1\n  lr: 0.01\n")
+    config = load_config(path)
+    assert config["model"]["transformer"]["d_model"] == 64 and config["model"]["transformer"]["dropout"] == 0.2
+    assert config["model"]["lstm"]["attention_dim"] == 32 and config["model"]["lstm"]["dropout"] == 0.5
+    assert config["loss"]["doubly_stochastic"] == 0.0 and config["loss"]["label_smoothing"] == 0.1
+    assert "label_smoothing" not in config["train"] and config["train"]["lr"] == 0.01
 
 
 def write_coco(tmp_path, captions_by_image):
@@ -127,7 +160,7 @@ def test_dataset_pairs_and_padding_collate(tmp_path):
     pairs = CaptionDataset(records, vocab, 20, features=FakeCache([1, 2]), pairs=True)
     assert pairs.missing == [3] and len(pairs) == 3
     batch = collate([pairs[i] for i in range(len(pairs))])
-    assert batch["visual"].shape == (3, 4, 3)
+    assert batch["features"].shape == (3, 4, 3) and "images" not in batch and batch["size"] == 3
     assert batch["lengths"].tolist() == [4, 6, 3]
     assert batch["captions"][2, 3:].eq(vocab.pad_index).all()
     images = CaptionDataset(records, vocab, 20, features=FakeCache([1, 2]), pairs=False)
@@ -153,10 +186,10 @@ def test_epoch_sampler_is_deterministic_resumable_and_sharded():
 
 
 def test_saved_configs_gain_settings_added_since(tmp_path):
-    from captioner.config import DEFAULTS, with_defaults
+    from captioner.config import complete
 
     old = {"model": {"hidden_dim": 7}, "train": {"lr": 0.5}}
-    merged = with_defaults(old)
-    assert merged["model"]["hidden_dim"] == 7 and merged["train"]["lr"] == 0.5
-    assert merged["model"]["attention"] == DEFAULTS["model"]["attention"]   # filled in
+    merged = complete(old)
+    assert merged["model"]["lstm"]["hidden_dim"] == 7 and merged["train"]["lr"] == 0.5
+    assert merged["model"]["lstm"]["attention"] == defaults()["model"]["lstm"]["attention"]   # filled in
     assert old == {"model": {"hidden_dim": 7}, "train": {"lr": 0.5}}        # not modified

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import torch
 
+from captioner.checkpoint import load_checkpoint
 from captioner.config import save_config
 from captioner.data.dataset import EpochSampler
-from captioner.training.checkpoint import load_checkpoint
 from captioner.training.engine import train
 from tests.conftest import tiny_config
 
@@ -24,9 +24,9 @@ RANK_RECORDER = """
 
     real_epoch = engine.train_one_epoch
 
-    def recording_epoch(model, *args, **kwargs):
-        finished = real_epoch(model, *args, **kwargs)
-        torch.save(model.state_dict(), os.path.join(sys.argv[2], f"rank{os.environ['RANK']}.pt"))
+    def recording_epoch(run, *args, **kwargs):
+        finished = real_epoch(run, *args, **kwargs)
+        torch.save(run.model.state_dict(), os.path.join(sys.argv[2], f"rank{os.environ['RANK']}.pt"))
         return finished
 
     engine.train_one_epoch = recording_epoch
@@ -54,7 +54,7 @@ def test_bucketing_by_length_keeps_every_item_once_and_groups_similar_lengths():
 
 
 def test_two_gloo_processes_train_like_one_process_with_the_same_global_batch(tiny_coco, tmp_path):
-    common = {"train": {"epochs": 2, "batch_size": 6}, "model": {"dropout": 0.0, "doubly_stochastic": 0.0}}
+    common = {"train": {"epochs": 2, "batch_size": 6}, "model": {"lstm": {"dropout": 0.0}}, "loss": {"doubly_stochastic": 0.0}}
     train(tiny_config(tiny_coco, tmp_path / "single", **common))
     save_config(tiny_config(tiny_coco, tmp_path / "ddp", **common), tmp_path / "config.yaml")
     driver = tmp_path / "driver.py"

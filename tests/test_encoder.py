@@ -8,7 +8,12 @@ import torchvision
 from torchvision.transforms import v2 as transforms
 
 from captioner.errors import CaptionerError
-from captioner.models.encoder import ENCODERS, EncoderConfig, build_classifier, build_encoder
+from captioner.models.encoder import (
+    ENCODERS,
+    EncoderConfig,
+    build_classifier,
+    build_encoder,
+)
 
 # (D at stride 16, D at stride 32) for each registry entry
 FEATURE_DIMS = {"vgg19": (512, 512), "resnet101": (1024, 2048), "resnet152": (1024, 2048),

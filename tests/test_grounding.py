@@ -8,10 +8,20 @@ import torch
 
 from captioner.data.vocabulary import Vocabulary
 from captioner.decoding.search import Generation
-from captioner.evaluation.coco_words import phrase_categories
 from captioner.errors import CaptionerError
-from captioner.evaluation.grounding import (CocoTargets, ShapesTargets, Target, boxes_of_named_objects, cell_overlap,
-                                            format_grounding, ground, ground_map, load_targets, named_objects)
+from captioner.evaluation.coco_words import phrase_categories
+from captioner.evaluation.grounding import (
+    CocoTargets,
+    ShapesTargets,
+    Target,
+    boxes_of_named_objects,
+    cell_overlap,
+    format_grounding,
+    ground,
+    ground_map,
+    load_targets,
+    named_objects,
+)
 
 GRID = (4, 4)
 SIZE = (64, 64)                      # 16 px cells

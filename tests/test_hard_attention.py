@@ -3,9 +3,10 @@
 import pytest
 import torch
 
+from captioner.config import defaults
 from captioner.decoding.search import beam_search, greedy
 from captioner.models.lstm_decoder import LSTMDecoder, LSTMDecoderConfig
-from captioner.training.losses import hard_attention_loss
+from captioner.training.losses import HardAttentionLoss
 
 START, END = 1, 2
 
@@ -18,10 +19,8 @@ def make_hard(**kw) -> LSTMDecoder:
     return LSTMDecoder(LSTMDecoderConfig(**options))
 
 
-def loss_of(decoder, out, targets, **kw):
-    options = dict(doubly_stochastic=0.0, entropy_weight=0.0)
-    options.update(kw)
-    return hard_attention_loss(out, targets, decoder.reward_baseline, decoder.baseline_updates, **options)
+def hard_loss(**kw) -> HardAttentionLoss:
+    return HardAttentionLoss({**defaults()["loss"], "doubly_stochastic": 0.0, "entropy_weight": 0.0, **kw})
 
 
 CAPTIONS = torch.tensor([[START, 5, 6, END, 0], [START, 7, 8, 9, END], [START, 4, END, 0, 0]])
@@ -32,20 +31,20 @@ def test_training_output_and_expectation_mixing_probability():
     torch.manual_seed(1)
     features = torch.randn(3, 6, 6)
     out = decoder(features, CAPTIONS)
-    assert out["log_prob_location"].shape == (3, 4) and out["entropy"].shape == (3, 4)
+    assert out.log_prob_location.shape == (3, 4) and out.entropy.shape == (3, 4)
     # Over many captions, about half use the expected location (the paper's variance reduction).
     big = decoder(torch.randn(4000, 6, 6), torch.tensor([[START, 5, END]]).expand(4000, -1))
-    fraction = big["expectation_rows"].float().mean().item()
+    fraction = big.expectation_rows.float().mean().item()
     assert abs(fraction - 0.5) < 4 * (0.25 / 4000) ** 0.5  # within 4 standard deviations
     decoder.config.expectation_probability = 0.0
-    assert not decoder(features, CAPTIONS)["expectation_rows"].any()
+    assert not decoder(features, CAPTIONS).expectation_rows.any()
 
 
 def test_several_location_samples_repeat_each_caption():
     decoder = make_hard(location_samples=3).train()
     out = decoder(torch.randn(3, 6, 6), CAPTIONS)
-    assert out["logits"].shape[0] == 9 and out["repeats"] == 3
-    loss = loss_of(decoder, out, CAPTIONS[:, 1:])
+    assert out.logits.shape[0] == 9 and out.repeats == 3
+    loss = hard_loss()(out, CAPTIONS[:, 1:])
     assert int(loss["words"]) == 3 * (3 + 4 + 2)
 
 
@@ -68,9 +67,10 @@ def test_reinforce_gradient_reaches_attention_and_reward_is_detached():
     targets = CAPTIONS[:, 1:]
     torch.manual_seed(3)
     out = decoder(features, CAPTIONS)
-    decoder.reward_baseline.fill_(-5.0)
-    decoder.baseline_updates.fill_(1)
-    loss = loss_of(decoder, out, targets)
+    objective = hard_loss()
+    objective.baseline.fill_(-5.0)
+    objective.baseline_updates.fill_(1)
+    loss = objective(out, targets)
     energy = decoder.attention.energy.weight
     (grad_total,) = torch.autograd.grad(loss["loss"], energy, retain_graph=True)
     (grad_reinforce,) = torch.autograd.grad(loss["reinforce"], energy, retain_graph=True)
@@ -83,22 +83,25 @@ def test_reinforce_gradient_reaches_attention_and_reward_is_detached():
     assert grad_out is None or grad_out.abs().sum() == 0
     # REINFORCE by hand: -(reward - b) * sum_t log alpha_t[s_t], over real words.
     mask = targets != 0
-    reward = -torch.nn.functional.cross_entropy(out["logits"].transpose(1, 2), targets, reduction="none").mul(mask).sum(1)
-    manual = -((reward.detach() + 5.0) * (out["log_prob_location"] * mask).sum(1)).sum() / mask.sum()
+    reward = -torch.nn.functional.cross_entropy(out.logits.transpose(1, 2), targets, reduction="none").mul(mask).sum(1)
+    manual = -((reward.detach() + 5.0) * (out.log_prob_location * mask).sum(1)).sum() / mask.sum()
     torch.testing.assert_close(loss["reinforce"], manual)
 
 
 def test_baseline_follows_running_mean_of_reward():
     decoder = make_hard(expectation_probability=0.0).train()
-    expected = None
+    expected, objective = None, hard_loss(baseline_decay=0.9)
     for step in range(6):
         out = decoder(torch.randn(3, 6, 6), CAPTIONS)
-        loss = loss_of(decoder, out, CAPTIONS[:, 1:], baseline_decay=0.9)
+        loss = objective(out, CAPTIONS[:, 1:])
         reward = loss["reward"].item()
         used = reward if expected is None else expected  # the baseline compared with this batch's reward
         assert loss["baseline"].item() == pytest.approx(used, rel=1e-5)
         expected = 0.9 * used + 0.1 * reward
-        assert decoder.reward_baseline.item() == pytest.approx(expected, rel=1e-5)
+        assert objective.baseline.item() == pytest.approx(expected, rel=1e-5)
+    objective.eval()                                       # evaluation leaves the baseline alone
+    objective(decoder(torch.randn(3, 6, 6), CAPTIONS), CAPTIONS[:, 1:])
+    assert objective.baseline.item() == pytest.approx(expected, rel=1e-5) and objective.baseline_updates == 6
 
 
 def test_per_word_reward_is_the_log_likelihood_divided_by_caption_length():
@@ -106,16 +109,15 @@ def test_per_word_reward_is_the_log_likelihood_divided_by_caption_length():
     torch.manual_seed(1)
     out = decoder(torch.randn(3, 6, 6), CAPTIONS)
     targets = CAPTIONS[:, 1:]
-    sequence = loss_of(decoder, out, targets)["reward"]
-    decoder.baseline_updates.zero_()
-    per_word = loss_of(decoder, out, targets, reward_kind="per_word")["reward"]
+    sequence = hard_loss()(out, targets)["reward"]
+    per_word = hard_loss(hard_reward="per_word")(out, targets)["reward"]
     # rewards are reported as the batch mean; recompute both from the logits
-    token_log_probs = torch.log_softmax(out["logits"], -1).gather(2, targets.unsqueeze(2)).squeeze(2) * (targets != 0)
+    token_log_probs = torch.log_softmax(out.logits, -1).gather(2, targets.unsqueeze(2)).squeeze(2) * (targets != 0)
     lengths = (targets != 0).sum(1)
     assert sequence.item() == pytest.approx(token_log_probs.sum(1).mean().item(), rel=1e-5)
     assert per_word.item() == pytest.approx((token_log_probs.sum(1) / lengths).mean().item(), rel=1e-5)
     with pytest.raises(ValueError, match="hard_reward"):
-        loss_of(decoder, out, targets, reward_kind="per_token")
+        hard_loss(hard_reward="per_token")
 
 
 def test_entropy_bonus_raises_entropy():
@@ -126,18 +128,18 @@ def test_entropy_bonus_raises_entropy():
 
     def mean_entropy():
         with torch.no_grad():
-            return decoder(features, captions)["entropy"].mean().item()
+            return decoder(features, captions).entropy.mean().item()
 
     before = mean_entropy()
     for _ in range(20):
         out = decoder(features, captions)
-        loss = loss_of(decoder, out, captions[:, 1:], entropy_weight=1.0)
+        loss = hard_loss(entropy_weight=1.0)(out, captions[:, 1:])
         optimizer.zero_grad()
         (-loss["entropy"] * 1.0).backward()  # the entropy part of the loss on its own: minimising it raises H
         optimizer.step()
     assert mean_entropy() > before
     out = decoder(features, captions)
-    full = loss_of(decoder, out, captions[:, 1:], entropy_weight=1.0)
+    full = hard_loss(entropy_weight=1.0)(out, captions[:, 1:])
     assert torch.isclose(full["loss"], full["cross_entropy"] + full["reinforce"] - full["entropy"])
 
 
@@ -165,15 +167,15 @@ def test_reinforce_learns_to_attend_to_the_informative_region():
         decoder.eval()
         features, captions = batch(256)
         with torch.no_grad():
-            alpha = decoder(features, captions)["alpha"][:, 0]
+            alpha = decoder(features, captions).alpha[:, 0]
         decoder.train()
         return alpha[:, 0].mean().item()
 
-    before = attention_on_informative()
+    before, objective = attention_on_informative(), hard_loss()
     for _ in range(300):
         features, captions = batch()
         out = decoder(features, captions)
-        loss = loss_of(decoder, out, captions[:, 1:])
+        loss = objective(out, captions[:, 1:])
         optimizer.zero_grad()
         loss["loss"].backward()
         optimizer.step()

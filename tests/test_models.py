@@ -7,8 +7,12 @@ import torch
 
 from captioner.decoding.search import beam_search, greedy, sample
 from captioner.models.attention import SCORES, RegionAttention
-from captioner.models.lstm_decoder import LSTMDecoder, LSTMDecoderConfig, sinusoidal_grid_code
-from captioner.models.transformer_decoder import TransformerDecoder, TransformerDecoderConfig
+from captioner.models.lstm_decoder import LSTMDecoder, LSTMDecoderConfig
+from captioner.models.positions import grid_code
+from captioner.models.transformer_decoder import (
+    TransformerDecoder,
+    TransformerDecoderConfig,
+)
 from captioner.training.losses import caption_loss
 from tests.conftest import memorise
 
@@ -47,7 +51,7 @@ def test_additive_score_matches_formula():
 
 
 def test_position_code_distinct_per_cell():
-    code = sinusoidal_grid_code((3, 5), 16)
+    code = grid_code((3, 5), 16)
     assert code.shape == (15, 16)
     assert torch.cdist(code, code).add(torch.eye(15)).min() > 1e-3
 
@@ -61,9 +65,9 @@ def test_forward_shapes_alpha_rows_sum_to_one_and_padding_steps_attend_nowhere()
     decoder = make_decoder(region_position="sinusoidal", position_dim=8).eval()
     captions = captions_batch()
     out = decoder(torch.randn(3, 12, 16), captions)
-    assert out["logits"].shape == (3, 6, 30) and out["alpha"].shape == (3, 6, 12)
+    assert out.logits.shape == (3, 6, 30) and out.alpha.shape == (3, 6, 12)
     real = captions[:, 1:] != 0
-    torch.testing.assert_close(out["alpha"].sum(-1), real.float())
+    torch.testing.assert_close(out.alpha.sum(-1), real.float())
 
 
 @pytest.mark.parametrize("kind", ["additive", "none", "hard"])
@@ -78,9 +82,9 @@ def test_teacher_forced_batch_equals_each_caption_alone(kind):
         for row in range(5):
             n = int((captions[row, 1:] != 0).sum())
             alone = decoder(features[row : row + 1], captions[row : row + 1, : n + 1])
-            torch.testing.assert_close(together["logits"][row, :n], alone["logits"][0], rtol=1e-5, atol=1e-5)
-            torch.testing.assert_close(together["alpha"][row, :n], alone["alpha"][0], rtol=1e-5, atol=1e-6)
-            assert together["alpha"][row, n:].eq(0).all()
+            torch.testing.assert_close(together.logits[row, :n], alone.logits[0], rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(together.alpha[row, :n], alone.alpha[0], rtol=1e-5, atol=1e-6)
+            assert together.alpha[row, n:].eq(0).all()
 
 
 def test_loss_ignores_padding():
@@ -90,7 +94,7 @@ def test_loss_ignores_padding():
     other[captions == 0] = 9  # change only padded positions (after <end>)
     def loss_of(c):
         out = decoder(features, c)
-        return caption_loss(out["logits"], captions[:, 1:], out["alpha"], 1.0)
+        return caption_loss(out.logits, captions[:, 1:], out.alpha, 1.0)
     a, b = loss_of(captions), loss_of(other)
     torch.testing.assert_close(a["loss"], b["loss"])
     assert int(a["words"]) == 4 + 2 + 6

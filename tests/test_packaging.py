@@ -1,9 +1,9 @@
 """The conda environment and the pip metadata name the same dependencies at the same versions."""
 
 import re
-import tomllib
 from pathlib import Path
 
+import tomllib
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent

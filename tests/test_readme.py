@@ -1,6 +1,7 @@
 """The README cannot drift from the code: its configuration reference is the generated one, its command
 table lists every subcommand with every option, and every command it shows parses with the real
-command line (config files, scripts, make targets and benchmark options included). Running the
+command line, settings of its overrides included (config files, scripts, make targets and benchmark
+options too). Running the
 commands themselves is the job of the other tests (each subcommand has an end-to-end test) and of CI.
 """
 
@@ -13,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from captioner.cli import build_parser
-from captioner.config import config_reference
+from captioner.cli import build_parser, parse_args
+from captioner.config import apply_overrides, config_reference, defaults
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
@@ -86,10 +87,12 @@ def captioner_arguments(command: str) -> list[str] | None:
 def test_every_captioner_command_shown_parses(command):
     arguments = [("train" if a == "COMMAND" else a) for a in without_optional_parts(captioner_arguments(command))]
     try:
-        build_parser().parse_args(arguments)
+        args = parse_args(arguments)
     except SystemExit as stop:
         if stop.code != 0 or "--help" not in arguments:  # --help exits 0 after printing
             pytest.fail(f"README command does not parse: {command}")
+        return
+    apply_overrides(defaults(), getattr(args, "overrides", []))  # every setting shown exists
     for token in arguments:
         if token.endswith(".yaml"):
             assert (ROOT / token).is_file(), f"{command}: no {token}"

@@ -6,6 +6,7 @@ Each test fails when its protection is removed: without the header check the bom
 """
 
 import errno
+import gzip
 import json
 import os
 import shutil
@@ -18,13 +19,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import yaml
 from PIL import Image
 
+from captioner.checkpoint import load_checkpoint, load_model, model_and_loss_states, save_checkpoint
 from captioner.cli import main
-from captioner.config import save_config
+from captioner.config import load_config, save_config
+from captioner.decoding.search import DecodeConfig
 from captioner.errors import CaptionerError
+from captioner.inference import caption_files
+from captioner.models.captioner import build_model
 from captioner.training import engine
-from captioner.training.checkpoint import load_checkpoint, load_model, save_checkpoint
 from captioner.training.engine import train
 from tests.conftest import tiny_config
 from tests.test_images import png_header_only
@@ -130,7 +135,7 @@ def test_crafted_checkpoint_is_refused_and_runs_no_code(tmp_path, capsys):
 def test_checkpoint_of_another_architecture_or_vocabulary_gives_a_clear_message(checkpoint, tmp_path):
     payload = load_checkpoint(checkpoint)
     other = json.loads(json.dumps(payload["config"]))
-    other["model"]["hidden_dim"] = 24
+    other["model"]["lstm"]["hidden_dim"] = 24
     save_checkpoint({**payload, "config": other}, tmp_path / "arch.pt")
     with pytest.raises(CaptionerError, match=r"arch.pt: weights do not fit the architecture"):
         load_model(tmp_path / "arch.pt")
@@ -154,7 +159,7 @@ def test_kill_during_a_save_leaves_the_previous_checkpoint_intact(tmp_path):
     save_checkpoint(old, path)
     child = run_child("""
         import os, signal, sys, torch
-        from captioner.training import checkpoint
+        from captioner import checkpoint
 
         def torn_save(payload, handle):  # half of a real file, then the process dies
             handle.write(b"PK" + b"x" * 4096)
@@ -259,3 +264,55 @@ def test_unwritable_run_folder_is_one_clear_line(tiny_coco, tmp_path, capsys):
     assert main(["train", str(tmp_path / "config.yaml"), "--no-wandb"]) == 1
     errors = one_line_errors(capsys.readouterr().err)
     assert len(errors) == 1 and f"{blocker / 'run'}: cannot create the run folder" in errors[0]
+
+
+def test_every_command_checks_overrides_the_same_way_wherever_they_stand(checkpoint, tmp_path, capsys):
+    for command in (["evaluate", str(checkpoint), "data.featurs=x", "--device", "cpu"],
+                    ["evaluate", str(checkpoint), "--split", "test", "data.featurs=x"],
+                    ["ground", str(checkpoint), "--split", "test", "data.featurs=x"],
+                    ["caption", str(tmp_path / "x.png"), "--checkpoint", str(checkpoint), "data.featurs=x"],
+                    ["train", str(checkpoint.parent / "config.yaml"), "--no-wandb", "data.featurs=x"]):
+        assert main(command) == 1, command
+        errors = one_line_errors(capsys.readouterr().err)
+        assert len(errors) == 1 and "unknown setting 'data.featurs'; did you mean 'data.features'?" in errors[0], command
+    with pytest.raises(SystemExit):
+        main(["compare", str(checkpoint.parent), "--out", str(tmp_path), "data.features=x"])
+    assert "'compare' takes no section.key=value overrides" in capsys.readouterr().err
+
+
+def test_overrides_after_options_reach_the_command(checkpoint, tmp_path, capsys):
+    assert main(["evaluate", str(checkpoint), "--split", "test", "--out", str(tmp_path), "--device", "cpu",
+                 "decode.max_length=2", "--beam", "1"]) == 0
+    captions = json.loads((tmp_path / "captions_test.json").read_text())
+    assert max(len(c["caption"].split()) for c in captions) <= 2
+    config = tmp_path / "run.yaml"
+    save_config(load_checkpoint(checkpoint)["config"], config)
+    capsys.readouterr()
+    assert main(["config", str(config), "model.decoder=transformer"]) == 0   # a Transformer with its own defaults
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["model"]["decoder"] == "transformer"
+    assert printed["model"]["transformer"]["dropout"] == 0.1 and printed["model"]["transformer"]["region_position"] == "learned"
+    model = build_model(load_config(config, ["model.decoder=transformer"]), vocab_size=9, pretrained=False)
+    assert model.decoder.config.dropout == 0.1 and model.decoder.config.region_position == "learned"
+
+
+def test_a_checkpoint_of_the_flat_config_layout_loads_and_decodes_as_before(tmp_path):
+    """tests/fixtures/legacy_hard_lstm.pt.gz was written by the code before decoders had config sections of
+    their own (flat model.* keys, train.label_smoothing, the REINFORCE baseline as decoder buffers): a 1-epoch
+    hard-attention LSTM with sinusoidal region positions, its encoder weights zeroed to keep the file small.
+    legacy_hard_lstm.json holds what that code decoded for the image built below (beam 2, 8 words)."""
+    fixtures = Path(__file__).parent / "fixtures"
+    path = tmp_path / "legacy.pt"
+    path.write_bytes(gzip.decompress((fixtures / "legacy_hard_lstm.pt.gz").read_bytes()))
+    expected = json.loads((fixtures / "legacy_hard_lstm.json").read_text())
+    model, vocab, config, payload = load_model(path)
+    assert config["model"]["lstm"]["position_dim"] == 8 and config["model"]["lstm"]["attention_mode"] == "hard"
+    assert config["loss"]["hard_reward"] == "per_word" and config["loss"]["label_smoothing"] == 0.1
+    assert model_and_loss_states(payload)[1]["baseline_updates"] > 0      # the baseline moved to the loss
+    image = tmp_path / "image.png"
+    Image.fromarray((np.arange(32 * 32 * 3).reshape(32, 32, 3) * 7 % 256).astype(np.uint8)).save(image)
+    (result,) = caption_files(model, vocab, [image], DecodeConfig(beam=2, max_length=8))
+    assert result.generation.tokens == expected["tokens"]
+    assert result.generation.log_prob == pytest.approx(expected["log_prob"], abs=1e-4)
+    assert result.generation.attention["chosen"].argmax(-1).tolist() == expected["chosen"]
+    torch.testing.assert_close(result.generation.attention["alpha"], torch.tensor(expected["alpha"]), atol=1e-5, rtol=0)

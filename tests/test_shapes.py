@@ -11,11 +11,30 @@ import pytest
 from PIL import Image
 from pycocotools.coco import COCO
 
-from captioner.data.shapes import (COLOUR_RGB, COLOUR_JITTER, COLOURS, EXTENT_RANGE, RELATIONS, SHAPES, SIZES,
-                                   bbox_centre, generate_shapes, is_unambiguous, relation_of, sample_scene)
+from captioner.data.shapes import (
+    COLOUR_JITTER,
+    COLOUR_RGB,
+    COLOURS,
+    EXTENT_RANGE,
+    RELATIONS,
+    SHAPES,
+    SIZES,
+    bbox_centre,
+    generate_shapes,
+    is_unambiguous,
+    relation_of,
+    sample_scene,
+)
 from captioner.errors import CaptionerError
-from captioner.evaluation.shapes_metrics import (Mention, Relation, load_shapes_objects, object_precision,
-                                                 parse_caption, relation_accuracy, shapes_scores)
+from captioner.evaluation.shapes_metrics import (
+    Mention,
+    Relation,
+    load_shapes_objects,
+    object_precision,
+    parse_caption,
+    relation_accuracy,
+    shapes_scores,
+)
 
 NUM_IMAGES = 60
 SPLITS = ("train", "val", "test")

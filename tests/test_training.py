@@ -8,19 +8,18 @@ import signal
 import pytest
 import torch
 
+from captioner import inference
+from captioner.checkpoint import load_checkpoint
 from captioner.cli import main
 from captioner.config import save_config
-from captioner.data.dataset import image_transform
 from captioner.data.feature_cache import FeatureCache, build_feature_cache
-from captioner.data.images import load_image
+from captioner.data.images import image_transform, load_image
 from captioner.data.readers import read_split
 from captioner.errors import CaptionerError
 from captioner.models.captioner import build_model
 from captioner.training import engine
-from captioner.training.checkpoint import load_checkpoint
 from captioner.training.engine import train
 from captioner.training.losses import caption_loss
-from captioner.visualisation import attention_figure
 from tests.conftest import tiny_config
 
 
@@ -78,7 +77,7 @@ def test_signal_mid_epoch_saves_and_resume_equals_uninterrupted(tiny_coco, tmp_p
 def test_resume_refuses_another_architecture(tiny_coco, tmp_path):
     train(tiny_config(tiny_coco, tmp_path / "run", train={"epochs": 1}))
     with pytest.raises(CaptionerError, match="different model section .*hidden_dim"):
-        train(tiny_config(tiny_coco, tmp_path / "run", model={"hidden_dim": 12}), resume=True)
+        train(tiny_config(tiny_coco, tmp_path / "run", model={"lstm": {"hidden_dim": 12}}), resume=True)
 
 
 @pytest.mark.parametrize("fine_tune_blocks", [0, 1])
@@ -87,8 +86,8 @@ def test_gradients_reach_encoder_only_when_fine_tuning(tiny_coco, tmp_path, fine
     model = build_model(config, vocab_size=20)
     images = torch.rand(2, 3, 32, 32)
     captions = torch.tensor([[1, 5, 6, 2], [1, 7, 2, 0]])
-    out = model(images, captions)
-    caption_loss(out["logits"], captions[:, 1:], out["alpha"], 1.0)["loss"].backward()
+    out = model(captions, images=images)
+    caption_loss(out.logits, captions[:, 1:], out.alpha, 1.0)["loss"].backward()
     encoder_grads = [p.grad for p in model.encoder.parameters() if p.grad is not None]
     assert all(p.grad is not None for p in model.decoder.parameters())
     if fine_tune_blocks:
@@ -149,7 +148,7 @@ def test_train_from_cached_features_then_cli_caption_and_evaluate(tiny_coco, tmp
                                  for c in ("red", "green", "blue")]}
     (tmp_path / "instances.json").write_text(json.dumps(instances))
     drawn = {}
-    monkeypatch.setattr(attention_figure, "draw_attention_figure", lambda *a, **k: drawn.update(k) or a[3])
+    monkeypatch.setattr(inference, "draw_attention_figure", lambda *a, **k: drawn.update(k) or a[3])
     assert main(["attend", str(image), "--checkpoint", checkpoint, "--out", str(figure), "--device", "cpu",
                  "--instances", str(tmp_path / "instances.json")]) == 0
     assert len(drawn["boxes"]) == len(capsys.readouterr().out.splitlines()[0].split(": ")[1].split())
@@ -181,9 +180,9 @@ def test_train_from_cached_features_then_cli_caption_and_evaluate(tiny_coco, tmp
 
 def test_hard_attention_run_round_trips_and_compare_writes_report(tiny_coco, tmp_path, capsys):
     train(tiny_config(tiny_coco, tmp_path / "soft", train={"epochs": 1}))
-    hard = train(tiny_config(tiny_coco, tmp_path / "hard", train={"epochs": 1}, model={"attention_mode": "hard"}))
+    hard = train(tiny_config(tiny_coco, tmp_path / "hard", train={"epochs": 1}, model={"lstm": {"attention_mode": "hard"}}))
     payload = load_checkpoint(hard["checkpoint"])
-    assert payload["model"]["decoder.baseline_updates"] > 0  # the REINFORCE baseline was trained and saved
+    assert payload["loss"]["baseline_updates"] > 0  # the REINFORCE baseline was trained and saved with the loss
     image = tiny_coco / "images" / "test" / "301.png"
     capsys.readouterr()
     assert main(["caption", str(image), "--checkpoint", hard["checkpoint"], "--json", "--device", "cpu"]) == 0
@@ -229,10 +228,11 @@ def test_learning_rate_schedules_per_step():
 
 
 def test_transformer_run_trains_captions_and_joins_the_comparison(tiny_coco, tmp_path, capsys):
-    model = {"decoder": "transformer", "d_model": 16, "num_layers": 1, "num_heads": 2, "ffn_dim": 32,
-             "region_position": "learned", "doubly_stochastic": 0.0, "max_length": 16}
-    run = train(tiny_config(tiny_coco, tmp_path / "transformer", model=model,
-                            train={"epochs": 1, "lr_schedule": "rsqrt", "warmup_steps": 2, "label_smoothing": 0.1}))
+    model = {"decoder": "transformer", "transformer": {"d_model": 16, "num_layers": 1, "num_heads": 2, "ffn_dim": 32,
+                                                      "region_position": "learned", "max_length": 16}}
+    run = train(tiny_config(tiny_coco, tmp_path / "transformer", model=model, loss={"doubly_stochastic": 0.0,
+                                                                                    "label_smoothing": 0.1},
+                            train={"epochs": 1, "lr_schedule": "rsqrt", "warmup_steps": 2}))
     train(tiny_config(tiny_coco, tmp_path / "soft", train={"epochs": 1}))
     image = tiny_coco / "images" / "test" / "302.png"
     capsys.readouterr()

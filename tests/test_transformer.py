@@ -7,7 +7,10 @@ import pytest
 import torch
 
 from captioner.decoding.search import beam_search, greedy, select_state
-from captioner.models.transformer_decoder import TransformerDecoder, TransformerDecoderConfig
+from captioner.models.transformer_decoder import (
+    TransformerDecoder,
+    TransformerDecoderConfig,
+)
 from tests.conftest import memorise
 
 START, END = 1, 2
@@ -49,7 +52,7 @@ def test_causal_mask_does_not_leak():
     changed = captions.clone()
     changed[:, 4] = torch.tensor([5, 7])
     with torch.no_grad():
-        before, after = decoder(features, captions)["logits"], decoder(features, changed)["logits"]
+        before, after = decoder(features, captions).logits, decoder(features, changed).logits
     torch.testing.assert_close(after[:, :4], before[:, :4], rtol=0, atol=0)
     assert not torch.allclose(after[:, 4], before[:, 4])
 
@@ -68,9 +71,9 @@ def test_padding_does_not_change_real_positions():
         for row, n in enumerate(lengths):
             alone = decoder(features[row : row + 1], captions[row : row + 1, : n + 2])
             for out in (padded, more_padding, noisy):
-                torch.testing.assert_close(out["logits"][row, : n + 1], alone["logits"][0], rtol=1e-5, atol=1e-5)
-                torch.testing.assert_close(out["alpha"][row, : n + 1], alone["alpha"][0], rtol=1e-5, atol=1e-5)
-    assert torch.isfinite(padded["logits"]).all()
+                torch.testing.assert_close(out.logits[row, : n + 1], alone.logits[0], rtol=1e-5, atol=1e-5)
+                torch.testing.assert_close(out.alpha[row, : n + 1], alone.alpha[0], rtol=1e-5, atol=1e-5)
+    assert torch.isfinite(padded.logits).all()
 
 
 @pytest.mark.parametrize("options", [{}, {"region_position": "sinusoidal", "attention_layer": 0, "tie_embeddings": False},
@@ -83,7 +86,7 @@ def test_incremental_decoding_equals_forward(options, use_cache):
     order = torch.tensor([2, 0, 3, 1])
     with torch.no_grad():
         out = decoder(features, captions)
-        expected_log_probs = out["logits"].log_softmax(-1)
+        expected_log_probs = out.logits.log_softmax(-1)
         state = decoder.init_state(features, use_cache=use_cache)
         rows = torch.arange(4)
         for t in range(captions.shape[1] - 1):
@@ -92,7 +95,7 @@ def test_incremental_decoding_equals_forward(options, use_cache):
             log_probs, state, attention = decoder.step(captions[rows, t], state)
             assert log_probs.dtype == torch.float32 and log_probs.shape == (4, VOCAB)
             torch.testing.assert_close(log_probs, expected_log_probs[rows, t], rtol=1e-5, atol=1e-5)
-            torch.testing.assert_close(attention["alpha"], out["alpha"][rows, t], rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(attention["alpha"], out.alpha[rows, t], rtol=1e-5, atol=1e-5)
     assert all(value.shape[0] == 4 for value in state.values())
 
 
@@ -125,10 +128,10 @@ def test_alpha_rows_sum_to_one_and_heads_average_to_alpha():
     with torch.no_grad():
         out = decoder(features, captions, heads=True)
         _, _, attention = decoder.step(torch.full((2,), START), decoder.init_state(features))
-    assert out["alpha"].shape == (2, 6, 6) and out["alpha_heads"].shape == (2, 4, 6, 6)
-    torch.testing.assert_close(out["alpha"].sum(-1), torch.ones(2, 6))
-    torch.testing.assert_close(out["alpha_heads"].sum(-1), torch.ones(2, 4, 6))
-    torch.testing.assert_close(out["alpha_heads"].mean(1), out["alpha"])
+    assert out.alpha.shape == (2, 6, 6) and out.alpha_heads.shape == (2, 4, 6, 6)
+    torch.testing.assert_close(out.alpha.sum(-1), torch.ones(2, 6))
+    torch.testing.assert_close(out.alpha_heads.sum(-1), torch.ones(2, 4, 6))
+    torch.testing.assert_close(out.alpha_heads.mean(1), out.alpha)
     torch.testing.assert_close(attention["alpha"].sum(-1), torch.ones(2))
 
 
@@ -158,9 +161,9 @@ def test_dropout_only_in_training():
     features = torch.randn(2, 6, DIM)
     captions = captions_with_lengths([4, 4], torch.Generator().manual_seed(5))
     with torch.no_grad():
-        torch.testing.assert_close(decoder(features, captions)["logits"], decoder(features, captions)["logits"], rtol=0, atol=0)
+        torch.testing.assert_close(decoder(features, captions).logits, decoder(features, captions).logits, rtol=0, atol=0)
         decoder.train()
-        assert not torch.equal(decoder(features, captions)["logits"], decoder(features, captions)["logits"])
+        assert not torch.equal(decoder(features, captions).logits, decoder(features, captions).logits)
 
 
 def test_rejects_bad_configs_and_too_long_inputs():

@@ -4,26 +4,18 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 from torch.utils.data import Dataset, Sampler
-from torchvision.transforms import v2 as transforms
 
 from captioner.data.feature_cache import FeatureCache
+from captioner.data.images import image_transform, load_image
 from captioner.data.readers import ImageRecord
 from captioner.data.vocabulary import Vocabulary
 from captioner.errors import CaptionerError, ImageError
 
 log = logging.getLogger(__name__)
-
-
-def image_transform(encoder) -> transforms.Compose:
-    """PIL image -> ``(3, H, W)`` float tensor in [0, 1] at the encoder's input size and interpolation."""
-    return transforms.Compose([
-        transforms.PILToTensor(),
-        transforms.Resize(list(encoder.image_size), interpolation=encoder.interpolation, antialias=True),
-        transforms.ToDtype(torch.float32, scale=True),
-    ])
 
 
 class CaptionDataset(Dataset):
@@ -60,12 +52,16 @@ class CaptionDataset(Dataset):
         record, caption = self.items[index]
         return len(self.encoded[record][caption]) if caption >= 0 else 0
 
-    def __getitem__(self, index: int) -> dict:
-        from captioner.data.images import load_image
+    @property
+    def visual_kind(self) -> str:
+        """What ``visual`` holds: ``"features"`` (from the cache) or ``"images"``."""
+        return "features" if self.features is not None else "images"
 
+    def __getitem__(self, index: int) -> dict:
         record_index, caption_index = self.items[index]
         record = self.records[record_index]
-        item = {"index": record_index, "image_id": record.image_id, "caption": None, "visual": None, "error": None}
+        item = {"index": record_index, "image_id": record.image_id, "caption": None, "visual": None, "error": None,
+                "kind": self.visual_kind}
         if caption_index >= 0:
             item["caption"] = torch.tensor(self.encoded[record_index][caption_index], dtype=torch.long)
         if self.features is not None:
@@ -83,15 +79,17 @@ class CaptionDataset(Dataset):
 def collate(items: list[dict]) -> dict:
     """Stack visuals and pad captions with ``<pad>`` (index 0).
 
-    Returns ``visual`` (B, 3, H, W) or (B, L, D), ``captions`` (B, T) long (``<start> .. <end> <pad>..``),
-    ``lengths`` (B,) tokens including ``<start>``/``<end>``, ``index`` (B,) record indices, and ``errors``
-    (messages of unreadable images that were dropped from the batch).
+    Returns ``images`` (B, 3, H, W) or ``features`` (B, L, D) (whichever the dataset holds; absent when every
+    image of the batch was unreadable), ``captions`` (B, T) long (``<start> .. <end> <pad>..``), ``lengths``
+    (B,) tokens including ``<start>``/``<end>``, ``index`` (B,) record indices, ``image_id``, ``size`` B, and
+    ``errors`` (messages of unreadable images that were dropped from the batch).
     """
     errors = [it["error"] for it in items if it["error"] is not None]
     items = [it for it in items if it["error"] is None]
     batch = {"errors": errors, "index": torch.tensor([it["index"] for it in items], dtype=torch.long),
-             "image_id": [it["image_id"] for it in items]}
-    batch["visual"] = torch.stack([it["visual"] for it in items]) if items else None
+             "image_id": [it["image_id"] for it in items], "size": len(items)}
+    if items:
+        batch[items[0]["kind"]] = torch.stack([it["visual"] for it in items])
     if items and items[0]["caption"] is not None:
         lengths = torch.tensor([len(it["caption"]) for it in items], dtype=torch.long)
         captions = torch.zeros(len(items), int(lengths.max()), dtype=torch.long)
@@ -99,6 +97,36 @@ def collate(items: list[dict]) -> dict:
             captions[row, : len(it["caption"])] = it["caption"]
         batch["captions"], batch["lengths"] = captions, lengths
     return batch
+
+
+def visual_inputs(batch: dict, device: torch.device, channels_last: bool = False) -> dict[str, torch.Tensor]:
+    """``{"images": ...}`` or ``{"features": ...}`` of a collated batch on ``device``, the keyword arguments
+    of :meth:`~captioner.models.captioner.Captioner.regions` and of the model's forward pass."""
+    kind = "images" if "images" in batch else "features"
+    visual = batch[kind].to(device, non_blocking=True)
+    if channels_last and kind == "images":
+        visual = visual.contiguous(memory_format=torch.channels_last)
+    return {kind: visual}
+
+
+def make_dataset(config: dict, records: Sequence[ImageRecord], vocab: Vocabulary, encoder, *, pairs: bool,
+                 whole_cache_only: bool = False) -> CaptionDataset:
+    """The dataset of ``records`` as the config's ``data`` section says: cached features when ``data.features``
+    names a cache (images it lacks are left out and counted in ``missing``), else images through the
+    encoder's transform. With ``whole_cache_only`` (evaluation) the cache is used only when it holds every
+    record, and the raw images otherwise."""
+    data = config["data"]
+    common = {"max_caption_length": data["max_caption_length"], "max_pixels": data["max_pixels"],
+              "strict": data["strict"], "pairs": pairs}
+    if data["features"] and (not whole_cache_only or Path(data["features"]).exists()):
+        cache = FeatureCache(data["features"])
+        if not whole_cache_only or all(r.image_id in cache for r in records):
+            dataset = CaptionDataset(records, vocab, features=cache, **common)
+            if dataset.missing:
+                log.warning("%s: %d image(s) missing from the feature cache are skipped", cache.folder,
+                            len(dataset.missing))
+            return dataset
+    return CaptionDataset(records, vocab, transform=image_transform(encoder), **common)
 
 
 class EpochSampler(Sampler[int]):

@@ -22,8 +22,11 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
-from captioner.data.readers import ImageRecord
+from captioner.data.images import image_transform, load_image
+from captioner.data.readers import ImageRecord, read_split
 from captioner.errors import CaptionerError, ImageError
+from captioner.models.encoder import EncoderConfig, build_encoder
+from captioner.utils import resolve_device
 
 PENDING, WRITTEN, FAILED = 0, 1, 2
 
@@ -38,8 +41,6 @@ class RecordImages(Dataset):
         return len(self.records)
 
     def __getitem__(self, index: int):
-        from captioner.data.images import load_image
-
         try:
             image = load_image(self.records[index].path, max_pixels=self.max_pixels)
         except ImageError as err:
@@ -70,26 +71,11 @@ def build_feature_cache(encoder, records: Sequence[ImageRecord], out_dir: str | 
         unique.setdefault(record.image_id, record)
     ids = sorted(unique)
     ordered = [unique[i] for i in ids]
-    num_regions = encoder.grid[0] * encoder.grid[1]
     meta = {"image_ids": ids, "grid": list(encoder.grid), "feature_dim": encoder.feature_dim,
             "dtype": dtype, "encoder": encoder_config or {}}
-    meta_path, features_path, status_path = out_dir / "meta.json", out_dir / "features.npy", out_dir / "status.npy"
-    shape = (len(ids), num_regions, encoder.feature_dim)
-    resume = meta_path.exists() and features_path.exists() and status_path.exists()
-    if resume:
-        old = json.loads(meta_path.read_text())
-        if old != meta:
-            raise CaptionerError(f"{out_dir}: holds a cache of other images or another encoder; "
-                                 "choose an empty folder or delete it")
-        features = np.load(features_path, mmap_mode="r+")
-        status = np.load(status_path, mmap_mode="r+")
-    else:
-        features = np.lib.format.open_memmap(features_path, mode="w+", dtype=np.dtype(dtype), shape=shape)
-        status = np.lib.format.open_memmap(status_path, mode="w+", dtype=np.uint8, shape=(len(ids),))
-        meta_path.write_text(json.dumps(meta))
+    shape = (len(ids), encoder.grid[0] * encoder.grid[1], encoder.feature_dim)
+    features, status, failed = _open_cache(out_dir, meta, shape)
     failed_path = out_dir / "failed.json"
-    failed: dict[str, str] = json.loads(failed_path.read_text()) if failed_path.exists() and resume else {}
-
     todo = [i for i in range(len(ids)) if status[i] == PENDING]
     skipped = len(ids) - len(todo)
     loader = DataLoader(RecordImages([ordered[i] for i in todo], transform, max_pixels), batch_size=batch_size,
@@ -117,6 +103,39 @@ def build_feature_cache(encoder, records: Sequence[ImageRecord], out_dir: str | 
             bar.set_postfix(failed=len(failed))
     bar.close()
     return {"written": written, "failed": failed, "skipped": skipped}
+
+
+def cache_features(config: dict, splits: Sequence[str], folder: str | Path | None = None, *, batch_size: int = 32,
+                   dtype: str = "float16", progress: bool = True) -> dict:
+    """Cache the config's frozen encoder's features of every image of ``splits`` into ``folder`` (default
+    ``data.features``): what ``captioner cache-features`` and the demo run. Returns
+    :func:`build_feature_cache`'s summary plus ``folder``."""
+    folder = folder or config["data"]["features"]
+    if not folder:
+        raise CaptionerError("cache-features: set data.features in the config (or pass --out DIR)")
+    records = [r for split in splits for r in read_split(config["data"], split)]
+    encoder = build_encoder(EncoderConfig(**config["encoder"])).to(resolve_device(config["run"]["device"]))
+    result = build_feature_cache(encoder, records, folder, transform=image_transform(encoder), batch_size=batch_size,
+                                 num_workers=config["data"]["num_workers"], max_pixels=config["data"]["max_pixels"],
+                                 dtype=dtype, encoder_config=config["encoder"], progress=progress)
+    return {**result, "folder": str(folder)}
+
+
+def _open_cache(out_dir: Path, meta: dict, shape: tuple[int, int, int]):
+    """The cache's memory maps ``(features, status)`` and its ``{image_id: reason}`` of unreadable images: those
+    already in ``out_dir`` when it holds a cache of the same images and encoder (resuming), else new ones."""
+    meta_path, features_path, status_path = out_dir / "meta.json", out_dir / "features.npy", out_dir / "status.npy"
+    if meta_path.exists() and features_path.exists() and status_path.exists():
+        if json.loads(meta_path.read_text()) != meta:
+            raise CaptionerError(f"{out_dir}: holds a cache of other images or another encoder; "
+                                 "choose an empty folder or delete it")
+        failed_path = out_dir / "failed.json"
+        failed = json.loads(failed_path.read_text()) if failed_path.exists() else {}
+        return np.load(features_path, mmap_mode="r+"), np.load(status_path, mmap_mode="r+"), failed
+    features = np.lib.format.open_memmap(features_path, mode="w+", dtype=np.dtype(meta["dtype"]), shape=shape)
+    status = np.lib.format.open_memmap(status_path, mode="w+", dtype=np.uint8, shape=(shape[0],))
+    meta_path.write_text(json.dumps(meta))
+    return features, status, {}
 
 
 class FeatureCache:
@@ -155,3 +174,14 @@ class FeatureCache:
         state = self.__dict__.copy()
         state["_features"] = None  # never pickle a memory map into worker processes
         return state
+
+
+def check_cache_matches(folder: str | None, encoder_config: dict) -> None:
+    """Training from a cache made by another encoder would silently learn from the wrong features."""
+    if not folder:
+        return
+    cached = FeatureCache(folder).meta.get("encoder") or {}
+    mismatched = [k for k in ("name", "image_size", "stride", "grid") if k in cached and cached[k] != encoder_config[k]]
+    if mismatched:
+        raise CaptionerError(f"{folder}: cached with another encoder "
+                             f"({', '.join(f'{k}={cached[k]!r}' for k in mismatched)}); match the encoder section or re-cache")

@@ -4,7 +4,7 @@
 corrupt, too large) into an :class:`~captioner.errors.ImageError` whose message starts with the path.
 Images it accepts come back in mode ``"RGB"``, rotated as their EXIF orientation tag says, with
 transparent pixels composited on white and high bit depth data (16-bit, 32-bit int, float) scaled
-to 8 bits.
+to 8 bits. :func:`image_transform` turns them into the tensors an encoder reads.
 
 PIL's process-wide settings are left as the caller set them. Two are overridden for the duration of
 one call, under a lock, and only when they would get in the way: ``Image.MAX_IMAGE_PIXELS`` is raised
@@ -24,7 +24,9 @@ import threading
 from collections.abc import Iterator
 
 import numpy as np
+import torch
 from PIL import Image, ImageFile, ImageOps, UnidentifiedImageError
+from torchvision.transforms import v2 as transforms
 
 from captioner.errors import ImageError
 
@@ -177,3 +179,12 @@ def _strict_pil_settings(max_pixels: int) -> Iterator[None]:
 def _one_line(error: BaseException) -> str:
     """``str(error)`` with runs of whitespace (newlines included) collapsed to single spaces."""
     return " ".join(str(error).split()) or type(error).__name__
+
+
+def image_transform(encoder) -> transforms.Compose:
+    """PIL image -> ``(3, H, W)`` float tensor in [0, 1] at the encoder's input size and interpolation."""
+    return transforms.Compose([
+        transforms.PILToTensor(),
+        transforms.Resize(list(encoder.image_size), interpolation=encoder.interpolation, antialias=True),
+        transforms.ToDtype(torch.float32, scale=True),
+    ])

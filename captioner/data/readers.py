@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pycocotools.coco import COCO
+
+from captioner.data.text import tokenize
 from captioner.errors import CaptionerError
+from captioner.utils import read_json
 
 
 @dataclass
@@ -24,22 +27,6 @@ class ImageRecord:
     path: Path
     captions: list[str] = field(default_factory=list)
     split: str = "train"
-
-
-def read_json(path: str | Path) -> object:
-    """Parse a JSON file; errors name the file and the line/column at fault."""
-    path = Path(path)
-    try:
-        with path.open("rb") as handle:
-            return json.load(handle)
-    except FileNotFoundError:
-        raise CaptionerError(f"{path}: file not found") from None
-    except json.JSONDecodeError as err:
-        raise CaptionerError(f"{path}: malformed JSON at line {err.lineno}, column {err.colno}: {err.msg}") from None
-    except UnicodeDecodeError as err:
-        raise CaptionerError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
-    except OSError as err:
-        raise CaptionerError(f"{path}: cannot read ({err.strerror})") from None
 
 
 def _require(mapping: object, keys: tuple[str, ...], where: str) -> None:
@@ -58,8 +45,6 @@ def _clean_caption(text: object, where: str) -> str:
 
 def coco_api(path: str | Path):
     """A pycocotools ``COCO`` object for an annotation file, with parse errors reported by file and line."""
-    from pycocotools.coco import COCO
-
     data = read_json(path)
     _require(data, ("images", "annotations"), str(path))
     coco = COCO()
@@ -78,8 +63,6 @@ def read_coco_captions(captions_file: str | Path, images_dir: str | Path, split:
     Images without any caption are kept out; captions that are empty after tokenisation are an error
     naming the annotation id, since they would train the model to stop at once.
     """
-    from captioner.data.vocabulary import tokenize
-
     captions_file, images_dir = Path(captions_file), Path(images_dir)
     coco = coco_api(captions_file)
     records = []
@@ -109,8 +92,6 @@ def read_karpathy(split_file: str | Path, image_root: str | Path, split: str, re
     ``restval`` images join the split named by ``restval`` (train by default). Image ids are COCO ids
     where the file has them (``cocoid``), else the file's ``imgid``.
     """
-    from captioner.data.vocabulary import tokenize
-
     split_file, image_root = Path(split_file), Path(image_root)
     data = read_json(split_file)
     _require(data, ("images",), str(split_file))

@@ -1,26 +1,19 @@
-"""Tokeniser and vocabulary.
-
-Tokenisation needs no downloaded data: captions are lower-cased, letters and digits of any script form
-words, apostrophes and hyphens inside words are kept, and every other character separates tokens (the documented regex
-``TOKEN_PATTERN``). Punctuation is dropped, as in the Karpathy preprocessing most captioning code uses.
-"""
+"""The vocabulary: word <-> index, built from training captions (tokenised by :mod:`captioner.data.text`)."""
 
 from __future__ import annotations
 
-import re
+import json
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-TOKEN_PATTERN = re.compile(r"[^\W_]+(?:['\-][^\W_]+)*")
+from captioner.data.readers import read_split
+from captioner.data.text import tokenize
+from captioner.errors import CaptionerError
+from captioner.utils import atomic_write, read_json
 
 PAD, START, END, UNK = "<pad>", "<start>", "<end>", "<unk>"
 SPECIALS = (PAD, START, END, UNK)
-
-
-def tokenize(text: str) -> list[str]:
-    """Lower-case ``text`` and split it into word tokens: ``"A dog's ball."`` -> ``["a", "dog's", "ball"]``."""
-    return TOKEN_PATTERN.findall(text.lower())
 
 
 class Vocabulary:
@@ -88,18 +81,11 @@ class Vocabulary:
 
 def save_vocabulary(vocab: Vocabulary, path: str | Path) -> None:
     """Write ``{"words": [...]}`` as JSON (atomically)."""
-    import json
-
-    from captioner.utils import atomic_write
-
     atomic_write(path, lambda handle: handle.write(json.dumps(vocab.to_dict(), ensure_ascii=False).encode()))
 
 
 def load_vocabulary(path: str | Path) -> Vocabulary:
     """A vocabulary written by :func:`save_vocabulary`; clear errors for a missing or malformed file."""
-    from captioner.data.readers import read_json
-    from captioner.errors import CaptionerError
-
     data = read_json(path)
     try:
         return Vocabulary.from_dict(data)
@@ -114,3 +100,22 @@ def training_vocabulary(data_config: dict, train_records) -> Vocabulary:
         return load_vocabulary(data_config["vocab"])
     return Vocabulary.build((c for r in train_records for c in r.captions), data_config["vocab_min_count"],
                             data_config["vocab_max_size"])
+
+
+def vocabulary_report(data_config: dict, out: str | Path | None = None) -> dict:
+    """Build the vocabulary of the train split (``data.vocab_min_count``, ``data.vocab_max_size``), write it to
+    ``out`` (default ``data.vocab``) and report its size, token coverage and caption lengths."""
+    out = out or data_config["vocab"]
+    if not out:
+        raise CaptionerError("data vocab: set data.vocab in the config (or pass --out FILE)")
+    captions = [tokenize(c) for r in read_split(data_config, "train") for c in r.captions]
+    vocab = Vocabulary.build((" ".join(t) for t in captions), data_config["vocab_min_count"], data_config["vocab_max_size"])
+    counts = Counter(word for tokens in captions for word in tokens)
+    covered = sum(n for word, n in counts.items() if word in vocab.index)
+    lengths = sorted(len(t) for t in captions)
+    save_vocabulary(vocab, out)
+    return {"vocabulary": str(out), "words": len(vocab), "train_captions": len(captions),
+            "distinct_train_words": len(counts), "token_coverage": round(covered / max(sum(counts.values()), 1), 4),
+            "caption_length_p50_p95_max": [lengths[len(lengths) // 2], lengths[int(len(lengths) * 0.95)],
+                                           lengths[-1]] if lengths else None,
+            "cut_at_max_caption_length": sum(n > data_config["max_caption_length"] for n in lengths)}

@@ -1,12 +1,9 @@
 """Greedy decoding, sampling and batched beam search: one implementation for every decoder.
 
-A decoder plugs in through a two-method decode-step interface:
-
-* ``init_state(features (B, L, D)) -> state``: a dict of tensors whose first dimension is the batch;
-* ``step(tokens (N,), state) -> (log_probs (N, V), state, attention)`` where ``attention`` is a dict of
-  per-word maps ``(N, L)`` (``"alpha"`` always; e.g. ``"chosen"`` for hard attention);
-* optionally ``fixed_state``: the names of state entries that depend on the image alone (its regions and
-  their projections) and that ``step`` passes on unchanged.
+A decoder plugs in through the two-method decode-step interface of :mod:`captioner.models.decoder`
+(``init_state``, ``step``) and names its ``fixed_state``: the state entries that depend on the image alone
+(its regions and their projections) and that ``step`` passes on unchanged. :func:`decode` runs the search
+the ``decode`` section of a config asks for (:class:`DecodeConfig`).
 
 Searches reorder the state with :func:`select_state` and return one :class:`Generation` per image. Beam
 search repeats every entry once per beam at the start; since a beam never moves to another image, the
@@ -16,9 +13,26 @@ copying them at every word makes a k = 3 search of 32 images 1.4 times as fast o
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import torch
+
+
+@dataclass
+class DecodeConfig:
+    """The ``decode`` section of a config: how captions are generated."""
+
+    beam: int = 3                   # beam size for evaluate, caption, attend and reports (1 = greedy)
+    max_length: int = 20            # most words a generated caption may have
+    length_penalty: float = 0.0     # score / length**alpha when choosing among finished beams
+    temperature: float = 1.0        # softmax temperature when sampling
+
+    @classmethod
+    def of(cls, config: dict, **changes) -> "DecodeConfig":
+        """The settings of a resolved config's ``decode`` section, with ``changes`` (None values ignored)."""
+        known = {f.name for f in fields(cls)}
+        settings = {k: v for k, v in config["decode"].items() if k in known}
+        return cls(**{**settings, **{k: v for k, v in changes.items() if v is not None}})
 
 
 @dataclass
@@ -153,10 +167,10 @@ def beam_search(decoder, features: torch.Tensor, *, beam_size: int, max_length: 
                         {name: value.index_select(0, best) for name, value in history.items()}, end_index)
 
 
-def decode(decoder, features: torch.Tensor, *, beam_size: int, max_length: int, start_index: int,
-           end_index: int, length_penalty: float = 0.0) -> list[Generation]:
-    """Beam search for ``beam_size > 1``, greedy decoding for 1."""
-    if beam_size > 1:
-        return beam_search(decoder, features, beam_size=beam_size, max_length=max_length, start_index=start_index,
-                           end_index=end_index, length_penalty=length_penalty)
-    return greedy(decoder, features, max_length=max_length, start_index=start_index, end_index=end_index)
+def decode(decoder, regions: torch.Tensor, vocab, settings: DecodeConfig) -> list[Generation]:
+    """Captions of ``regions`` (B, L, D) as ``settings`` say: beam search for ``beam > 1``, greedy decoding for 1."""
+    common = {"max_length": settings.max_length, "start_index": vocab.start_index, "end_index": vocab.end_index,
+              "pad_index": vocab.pad_index}
+    if settings.beam > 1:
+        return beam_search(decoder, regions, beam_size=settings.beam, length_penalty=settings.length_penalty, **common)
+    return greedy(decoder, regions, **common)

@@ -36,7 +36,7 @@ from pycocoevalcap.meteor import meteor as meteor_module
 from pycocoevalcap.rouge.rouge import Rouge
 from pycocoevalcap.tokenizer import ptbtokenizer
 
-from captioner.data.vocabulary import tokenize
+from captioner.data.text import tokenize
 from captioner.errors import CaptionerError
 
 log = logging.getLogger(__name__)
@@ -210,7 +210,9 @@ def _spice_score(gts: dict[int, list[str]], res: dict[int, list[str]]) -> float 
                     "this code never downloads, so put the jars there by hand to enable SPICE)",
                     " and ".join(missing), _SPICE_DIR / "lib")
         return None
-    from pycocoevalcap.spice.spice import Spice
+    from pycocoevalcap.spice.spice import (
+        Spice,  # optional: only where the CoreNLP jars were installed by hand
+    )
 
     try:
         score, _ = Spice().compute_score(gts, res)

@@ -4,18 +4,24 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 
-from captioner.data.dataset import CaptionDataset, image_transform
-from captioner.data.feature_cache import FeatureCache
+from captioner.checkpoint import load_model
+from captioner.data.dataset import CaptionDataset, make_dataset
 from captioner.data.readers import read_split
+from captioner.decoding.search import DecodeConfig
 from captioner.errors import CaptionerError
 from captioner.evaluation.attention_stats import attention_statistics
 from captioner.evaluation.caption_metrics import score_captions, write_coco_results
 from captioner.evaluation.generate import caption_texts, generate_captions
-from captioner.evaluation.grounding import ShapesTargets, ground, load_image_sizes, load_targets
+from captioner.evaluation.grounding import (
+    ShapesTargets,
+    ground,
+    load_image_sizes,
+    load_targets,
+)
 from captioner.evaluation.shapes_metrics import shapes_scores
-from captioner.training.checkpoint import load_model
 from captioner.utils import resolve_device
 
 log = logging.getLogger(__name__)
@@ -23,30 +29,19 @@ log = logging.getLogger(__name__)
 
 def split_dataset(config: dict, split: str, vocab, model) -> CaptionDataset:
     """One item per image of ``split``: cached features when the cache holds them all, else raw images."""
-    data = config["data"]
-    records = read_split(data, split)
-    common = {"max_caption_length": data["max_caption_length"], "max_pixels": data["max_pixels"],
-              "strict": data["strict"], "pairs": False}
-    if data["features"] and Path(data["features"]).exists():
-        cache = FeatureCache(data["features"])
-        if all(r.image_id in cache for r in records):
-            return CaptionDataset(records, vocab, features=cache, **common)
-    return CaptionDataset(records, vocab, transform=image_transform(model.encoder), **common)
+    return make_dataset(config, read_split(config["data"], split), vocab, model.encoder, pairs=False,
+                        whole_cache_only=True)
 
 
-def decode_split(checkpoint: str | Path, split: str, *, beam_size: int | None, config_overrides: dict | None,
+def decode_split(checkpoint: str | Path, split: str, *, beam_size: int | None, overrides: Sequence[str],
                  device: str, progress: bool):
-    """Load ``checkpoint`` and decode every image of ``split``: ``(model, vocab, config, dataset,
-    generations, beam_size)``."""
-    model, vocab, config, _ = load_model(checkpoint, resolve_device(device))
-    for section, values in (config_overrides or {}).items():
-        config[section] = {**config[section], **values}
-    decode_cfg = config["decode"]
-    beam_size = beam_size or decode_cfg["beam"]
+    """Load ``checkpoint`` (its config with ``overrides`` applied) and decode every image of ``split``:
+    ``(model, vocab, config, dataset, generations, beam_size)``."""
+    model, vocab, config, _ = load_model(checkpoint, resolve_device(device), overrides)
+    settings = DecodeConfig.of(config, beam=beam_size)
     dataset = split_dataset(config, split, vocab, model)
-    generations = generate_captions(model, dataset, vocab, beam_size=beam_size, max_length=decode_cfg["max_length"],
-                                    length_penalty=decode_cfg["length_penalty"], progress=progress)
-    return model, vocab, config, dataset, generations, beam_size
+    generations = generate_captions(model, dataset, vocab, settings, progress=progress)
+    return model, vocab, config, dataset, generations, settings.beam
 
 
 def _targets(config: dict, split: str):
@@ -58,7 +53,7 @@ def _targets(config: dict, split: str):
 
 
 def evaluate_checkpoint(checkpoint: str | Path, split: str = "test", *, beam_size: int | None = None,
-                        out_dir: str | Path | None = None, config_overrides: dict | None = None,
+                        out_dir: str | Path | None = None, overrides: Sequence[str] = (),
                         device: str = "auto", spice: bool = False, progress: bool = True) -> dict:
     """Scores of ``checkpoint`` on ``split``; writes ``captions_{split}.json`` (COCO results format) and
     ``scores_{split}.json`` into ``out_dir`` (default: the checkpoint's folder). On the shapes data the
@@ -67,7 +62,7 @@ def evaluate_checkpoint(checkpoint: str | Path, split: str = "test", *, beam_siz
     images the file holds. ``attention`` holds the sharpness statistics of
     :func:`~captioner.evaluation.attention_stats.attention_statistics` (without the per-region list)."""
     model, vocab, config, dataset, generations, beam_size = decode_split(
-        checkpoint, split, beam_size=beam_size, config_overrides=config_overrides, device=device, progress=progress)
+        checkpoint, split, beam_size=beam_size, overrides=overrides, device=device, progress=progress)
     texts = caption_texts(generations, vocab)
     references = {r.image_id: r.captions for r in dataset.records}
     scores = score_captions(references, texts, spice=spice)
@@ -93,20 +88,20 @@ def evaluate_checkpoint(checkpoint: str | Path, split: str = "test", *, beam_siz
 
 
 def ground_checkpoint(checkpoint: str | Path, split: str = "test", *, beam_size: int | None = None,
-                      out_dir: str | Path | None = None, config_overrides: dict | None = None, device: str = "auto",
+                      out_dir: str | Path | None = None, overrides: Sequence[str] = (), device: str = "auto",
                       progress: bool = True) -> dict:
     """Attention grounding of ``checkpoint``'s captions on ``split`` against the instances file its config
     names (``data.instances``: shapes boxes or COCO masks); writes ``grounding_{split}.json`` into
     ``out_dir`` (default: the checkpoint's folder)."""
     model, vocab, config, _, generations, _ = decode_split(
-        checkpoint, split, beam_size=beam_size, config_overrides=config_overrides, device=device, progress=progress)
+        checkpoint, split, beam_size=beam_size, overrides=overrides, device=device, progress=progress)
     targets, image_sizes = _targets(config, split)
     if targets is None:
         raise CaptionerError(f"{checkpoint}: its config names no instances file for split '{split}' "
                              "(data.instances), so there are no objects to ground words in")
     grounding = ground(generations, vocab, targets, image_sizes, tuple(model.encoder.grid))
     if grounding is None:
-        raise CaptionerError(f"{checkpoint}: this decoder reports no attention maps (model.attention=none)")
+        raise CaptionerError(f"{checkpoint}: this decoder reports no attention maps (model.lstm.attention=none)")
     out_dir = Path(out_dir) if out_dir else Path(checkpoint).parent
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / f"grounding_{split}.json").write_text(json.dumps(grounding, indent=2))

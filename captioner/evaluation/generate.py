@@ -8,14 +8,14 @@ import torch
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
-from captioner.data.dataset import CaptionDataset, collate
+from captioner.data.dataset import CaptionDataset, collate, visual_inputs
 from captioner.data.vocabulary import Vocabulary
-from captioner.decoding.search import Generation, decode
+from captioner.decoding.search import DecodeConfig, Generation, decode
 
 
-def generate_captions(model, dataset: CaptionDataset, vocab: Vocabulary, *, beam_size: int, max_length: int,
-                      length_penalty: float = 0.0, batch_size: int = 64, max_images: int | None = None,
-                      progress: bool = False, shard: tuple[int, int] = (0, 1)) -> dict[int, Generation]:
+def generate_captions(model, dataset: CaptionDataset, vocab: Vocabulary, settings: DecodeConfig, *, batch_size: int = 64,
+                      max_images: int | None = None, progress: bool = False,
+                      shard: tuple[int, int] = (0, 1)) -> dict[int, Generation]:
     """``{image_id: Generation}`` for the images of ``dataset`` (built with ``pairs=False``); with
     ``shard = (rank, world_size)`` only every ``world_size``-th of them, from the ``rank``-th on."""
     indices = range(len(dataset)) if max_images is None else range(min(max_images, len(dataset)))
@@ -27,12 +27,9 @@ def generate_captions(model, dataset: CaptionDataset, vocab: Vocabulary, *, beam
     out: dict[int, Generation] = {}
     with torch.inference_mode():
         for batch in tqdm(loader, desc="decoding", unit="batch", disable=not progress, leave=False):
-            if batch["visual"] is None:
+            if batch["size"] == 0:
                 continue
-            features = model.features(batch["visual"].to(device))
-            generations = decode(model.decoder, features, beam_size=beam_size, max_length=max_length,
-                                 start_index=vocab.start_index, end_index=vocab.end_index,
-                                 length_penalty=length_penalty)
+            generations = decode(model.decoder, model.regions(**visual_inputs(batch, device)), vocab, settings)
             out.update(zip(batch["image_id"], generations))
     return out
 

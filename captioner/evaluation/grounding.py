@@ -37,12 +37,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from pycocotools.coco import COCO
 
-from captioner.data.readers import read_json
 from captioner.data.shapes import COLOURS, SHAPES
 from captioner.decoding.search import Generation
 from captioner.errors import CaptionerError
 from captioner.evaluation.coco_words import phrase_categories
+from captioner.evaluation.shapes_metrics import load_shapes_objects
+from captioner.utils import read_json
 
 
 @dataclass
@@ -133,8 +135,6 @@ class CocoTargets:
     the union of the category's instance masks in each image."""
 
     def __init__(self, instances_file: str | Path):
-        from pycocotools.coco import COCO
-
         self.file = instances_file
         try:
             with contextlib.redirect_stdout(io.StringIO()):  # pycocotools prints its progress
@@ -182,8 +182,6 @@ class CocoTargets:
 def load_targets(instances_file: str | Path) -> ShapesTargets | CocoTargets | None:
     """The targets of an instances file: shapes objects when its annotations carry colours, else COCO
     categories; None when the file is missing."""
-    from captioner.evaluation.shapes_metrics import load_shapes_objects
-
     if not instances_file or not Path(instances_file).exists():
         return None
     objects = load_shapes_objects(instances_file)

@@ -22,10 +22,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from captioner.data.readers import read_json
-from captioner.data.shapes import COLOURS, RELATIONS, SHAPES, SIZES, bbox_centre, relation_of
-from captioner.data.vocabulary import tokenize
+from captioner.data.shapes import (
+    COLOURS,
+    RELATIONS,
+    SHAPES,
+    SIZES,
+    bbox_centre,
+    relation_of,
+)
+from captioner.data.text import tokenize
 from captioner.errors import CaptionerError
+from captioner.utils import read_json
 
 RELATION_WORDS = {tuple(phrase.split()): phrase for phrase in RELATIONS}
 

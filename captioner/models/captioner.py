@@ -1,6 +1,10 @@
-"""The captioning model: a CNN encoder (region features) and a decoder (words), built from a config."""
+"""The captioning model: a CNN encoder (region features) and a decoder (words), built from a config, and
+the registry of decoders that a config's ``model.decoder`` names."""
 
 from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -8,14 +12,39 @@ from torch import nn
 from captioner.errors import CaptionerError
 from captioner.models.encoder import Encoder, EncoderConfig, build_encoder
 from captioner.models.lstm_decoder import LSTMDecoder, LSTMDecoderConfig
-from captioner.models.transformer_decoder import TransformerDecoder, TransformerDecoderConfig
+from captioner.models.transformer_decoder import (
+    TransformerDecoder,
+    TransformerDecoderConfig,
+)
+
+
+@dataclass(frozen=True)
+class DecoderEntry:
+    """A decoder class (see :class:`captioner.models.decoder.CaptionDecoder`) and its config dataclass, whose
+    fields other than :data:`DECODER_DATA_FIELDS` are the settings ``model.<name>.*``, defaults included."""
+
+    decoder: type[nn.Module]
+    config: type
+
+
+DECODER_DATA_FIELDS = ("vocab_size", "region_dim", "grid")
+"""Config fields that come from the data and the encoder, not from the user's config."""
+
+DECODERS: dict[str, DecoderEntry] = {
+    "lstm": DecoderEntry(LSTMDecoder, LSTMDecoderConfig),
+    "transformer": DecoderEntry(TransformerDecoder, TransformerDecoderConfig),
+}
+
+
+def register_decoder(name: str, decoder: type[nn.Module], config: type) -> None:
+    """Make ``model.decoder=name`` build ``decoder(config(...))``; its settings become ``model.<name>.*``."""
+    if not dataclasses.is_dataclass(config) or not set(DECODER_DATA_FIELDS) <= {f.name for f in dataclasses.fields(config)}:
+        raise TypeError(f"a decoder config must be a dataclass with the fields {DECODER_DATA_FIELDS}")
+    DECODERS[name] = DecoderEntry(decoder, config)
 
 
 class Captioner(nn.Module):
-    """``encoder`` maps images (B, 3, H, W) in [0, 1] to regions (B, L, D); ``decoder`` maps regions to words.
-
-    Training from cached features skips the encoder (``visual`` is already (B, L, D)).
-    """
+    """``encoder`` maps images (B, 3, H, W) in [0, 1] to regions (B, L, D); ``decoder`` maps regions to words."""
 
     def __init__(self, encoder: Encoder, decoder: nn.Module):
         super().__init__()
@@ -25,35 +54,32 @@ class Captioner(nn.Module):
     def device(self) -> torch.device:
         return next(self.decoder.parameters()).device
 
-    def features(self, visual: torch.Tensor) -> torch.Tensor:
-        """Region features (B, L, D) from images (B, 3, H, W) or cached features (B, L, D)."""
-        return self.encoder(visual) if visual.dim() == 4 else visual
+    def regions(self, *, images: torch.Tensor | None = None, features: torch.Tensor | None = None) -> torch.Tensor:
+        """Region features (B, L, D): encoded from ``images`` (B, 3, H, W), or ``features`` from a cache as they are."""
+        if (images is None) == (features is None):
+            raise ValueError("give exactly one of images or features")
+        return self.encoder(images) if images is not None else features
 
-    def forward(self, visual: torch.Tensor, captions: torch.Tensor) -> dict[str, torch.Tensor]:
-        return self.decoder(self.features(visual), captions)
+    def forward(self, captions: torch.Tensor, *, images: torch.Tensor | None = None,
+                features: torch.Tensor | None = None):
+        """Teacher-forced pass over ``captions`` (B, T+1); returns the decoder's
+        :class:`~captioner.models.decoder.TeacherForced` output."""
+        return self.decoder(self.regions(images=images, features=features), captions)
 
 
 def build_decoder(model_config: dict, vocab_size: int, feature_dim: int, grid: tuple[int, int]) -> nn.Module:
-    """The decoder named by ``model.decoder`` for regions of size ``feature_dim`` on a ``grid``."""
-    m = model_config
-    if m["decoder"] == "lstm":
-        return LSTMDecoder(LSTMDecoderConfig(
-            vocab_size=vocab_size, region_dim=feature_dim, grid=tuple(grid), attention=m["attention"],
-            score_activation=m["score_activation"],
-            attention_dim=m["attention_dim"], embed_dim=m["embed_dim"], hidden_dim=m["hidden_dim"],
-            dropout=m["dropout"], gate=m["gate"], learned_sharpness=m["learned_sharpness"], region_position=m["region_position"],
-            position_dim=m["position_dim"], attention_mode=m["attention_mode"], hard_decode=m["hard_decode"],
-            expectation_probability=m["expectation_probability"], location_samples=m["location_samples"]))
-    if m["decoder"] == "transformer":
-        if m["attention_mode"] != "soft" or m["attention"] != "additive":
-            raise CaptionerError("model.decoder=transformer uses multi-head scaled dot-product attention: "
-                                 "leave model.attention and model.attention_mode at their defaults")
-        return TransformerDecoder(TransformerDecoderConfig(
-            vocab_size=vocab_size, region_dim=feature_dim, grid=tuple(grid), d_model=m["d_model"],
-            num_layers=m["num_layers"], num_heads=m["num_heads"], ffn_dim=m["ffn_dim"], dropout=m["dropout"],
-            region_position=m["region_position"], tie_embeddings=m["tie_embeddings"],
-            attention_layer=m["attention_layer"], max_length=m["max_length"]))
-    raise CaptionerError(f"model.decoder must be lstm or transformer, not {m['decoder']!r}")
+    """The decoder named by ``model.decoder``, from its settings ``model.<decoder>``, for regions of size
+    ``feature_dim`` on a ``grid``."""
+    name = model_config["decoder"]
+    if name not in DECODERS:
+        raise CaptionerError(f"model.decoder must be one of {', '.join(DECODERS)}, not {name!r}")
+    entry = DECODERS[name]
+    settings = model_config.get(name) or {}
+    try:
+        config = entry.config(vocab_size=vocab_size, region_dim=feature_dim, grid=tuple(grid), **settings)
+        return entry.decoder(config)
+    except (TypeError, ValueError) as err:
+        raise CaptionerError(f"model.{name}: {err}") from None
 
 
 def build_model(config: dict, vocab_size: int, pretrained: bool | None = None) -> Captioner:

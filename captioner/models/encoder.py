@@ -44,13 +44,13 @@ STRIDES = (16, 32)
 class EncoderConfig:
     """The ``encoder`` section of a config; see :func:`build_encoder`."""
 
-    name: str = "vgg19"                      # registry key, one of ENCODERS
-    pretrained: bool = True                  # False: random init, no file or network is touched
-    weights: str | None = None               # explicit state-dict file: first source when given
-    image_size: int | list[int] = 224        # (H, W) the images are resized to; an int means square
-    stride: int | None = None                # feature-map stride, 16 or 32; None = backbone default
-    grid: int | list[int] | None = None      # adaptive-average-pool the map to G x G or [gh, gw]
-    fine_tune_blocks: int = 0                # 0 = frozen; k = the last k blocks are trainable
+    name: str = "vgg19"                      # vgg19 | resnet101 | resnet152 | efficientnet_lite0/1/2 | mobilenet_v2
+    pretrained: bool = True                  # ImageNet weights (offline packages, else torchvision); False = random
+    weights: str | None = None               # a state-dict file to load instead
+    image_size: int | list[int] = 224        # images are resized to this (int: square, or [H, W])
+    stride: int | None = None                # feature-map stride, 16 or 32; None = the backbone default
+    grid: int | list[int] | None = None      # adaptive-average-pool the map to G x G or [gh, gw]; None = as is
+    fine_tune_blocks: int = 0                # 0 = frozen encoder; k = fine-tune its last k blocks (from images)
 
 
 @dataclass(frozen=True)
@@ -274,7 +274,7 @@ def _efficientnet_blocks(model: nn.Module, stride: int) -> list[nn.Module]:
 
 def _timm(name: str) -> Callable[[], nn.Module]:
     def build() -> nn.Module:
-        import timm
+        import timm  # only the EfficientNet encoders need it, and importing it takes seconds
 
         return timm.create_model(name, pretrained=False)
     return build

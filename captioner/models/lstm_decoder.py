@@ -17,15 +17,12 @@ The training objective for hard attention is in :func:`captioner.training.losses
 is taken out of the loop: the region projection ``W_a a_i`` (once per image), the embedding part of
 the LSTM gates and the whole output layer (once per caption, over all steps at once).
 
-The decode-step interface shared by every decoder (see :mod:`captioner.decoding.search`):
-``init_state(regions) -> state`` and ``step(tokens, state) -> (log_probs, state, attention)``, where
-``state`` is a dict of tensors whose first dimension is the batch, so a search can reorder it; of them,
-``regions`` and ``keys`` (the ``fixed_state``) depend on the image alone.
+The decoder keeps the contract of :mod:`captioner.models.decoder`; its ``fixed_state`` is ``regions`` and
+``keys`` (the projected regions).
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -34,6 +31,8 @@ from torch import nn
 
 from captioner.data.vocabulary import Vocabulary
 from captioner.models.attention import RegionAttention
+from captioner.models.decoder import TeacherForced
+from captioner.models.positions import grid_code
 
 
 @dataclass
@@ -41,40 +40,20 @@ class LSTMDecoderConfig:
     vocab_size: int
     region_dim: int                 # D, the encoder's feature size
     grid: tuple[int, int]           # (gh, gw), L = gh * gw
-    attention: str = "additive"
-    score_activation: str = "tanh"  # tanh | relu: the nonlinearity inside the additive score
-    attention_dim: int = 512
-    embed_dim: int = 512
-    hidden_dim: int = 512
-    dropout: float = 0.5
-    gate: str = "scalar"            # scalar | vector | none
-    learned_sharpness: bool = False # a learned inverse temperature on the attention scores
-    region_position: str = "none"   # none | sinusoidal
-    position_dim: int = 32
-    attention_mode: str = "soft"    # soft | hard
-    hard_decode: str = "argmax"     # argmax | sample: the location chosen at inference (hard attention)
+    attention: str = "additive"     # additive | dot | scaled_dot | general | none (context = mean of regions)
+    score_activation: str = "tanh"  # additive score: w . f(W_a a + W_h h) with f = tanh (the paper) | relu
+    attention_mode: str = "soft"    # soft | hard (stochastic hard attention trained with REINFORCE)
+    attention_dim: int = 512        # A: size of the projected regions and query in the score
+    embed_dim: int = 512            # word embedding size (and of the deep output layer)
+    hidden_dim: int = 512           # LSTM state size
+    dropout: float = 0.5            # before the output layer
+    gate: str = "scalar"            # scalar | vector | none (the paper's beta gate)
+    learned_sharpness: bool = False # a learned inverse temperature exp(s) on the attention scores
+    region_position: str = "none"   # none | sinusoidal: a grid position code appended to each region
+    position_dim: int = 32          # size of that code
+    hard_decode: str = "argmax"     # hard attention: argmax | sample, the location chosen at inference
     expectation_probability: float = 0.5  # hard training: a caption uses alpha instead of a sample (paper: 0.5)
     location_samples: int = 1       # hard training: location samples drawn per caption
-
-
-def sinusoidal_grid_code(grid: tuple[int, int], dim: int) -> torch.Tensor:
-    """A fixed 2-D position code ``(L, dim)`` for a ``gh x gw`` grid: half for rows, half for columns.
-
-    Each half holds sines and cosines of the cell centre's normalised coordinate at ``dim // 4``
-    geometric frequencies, so nearby cells have similar codes and every cell a distinct one.
-    """
-    if dim % 4:
-        raise ValueError(f"position_dim must be a multiple of 4, got {dim}")
-    gh, gw = grid
-    freqs = math.pi * (2.0 ** torch.arange(dim // 4, dtype=torch.float32))
-
-    def encode(n: int) -> torch.Tensor:
-        coords = (torch.arange(n, dtype=torch.float32) + 0.5) / n
-        angles = coords[:, None] * freqs[None, :]
-        return torch.cat([angles.sin(), angles.cos()], dim=1)
-
-    rows, cols = encode(gh), encode(gw)
-    return torch.cat([rows[:, None, :].expand(gh, gw, -1), cols[None, :, :].expand(gh, gw, -1)], dim=-1).reshape(gh * gw, dim)
 
 
 class LSTMDecoder(nn.Module):
@@ -86,16 +65,16 @@ class LSTMDecoder(nn.Module):
         super().__init__()
         self.config = c = config
         if c.gate not in ("scalar", "vector", "none"):
-            raise ValueError(f"model.gate must be scalar, vector or none, not {c.gate!r}")
+            raise ValueError(f"gate must be scalar, vector or none, not {c.gate!r}")
         if c.attention_mode not in ("soft", "hard"):
-            raise ValueError(f"model.attention_mode must be soft or hard, not {c.attention_mode!r}")
+            raise ValueError(f"attention_mode must be soft or hard, not {c.attention_mode!r}")
         if c.attention_mode == "hard" and c.attention == "none":
-            raise ValueError("hard attention needs an attention score (model.attention must not be none)")
+            raise ValueError("hard attention needs an attention score (attention must not be none)")
         if c.region_position not in ("none", "sinusoidal"):
-            raise ValueError(f"model.region_position must be none or sinusoidal, not {c.region_position!r}")
+            raise ValueError(f"region_position must be none or sinusoidal, not {c.region_position!r}")
         position_dim = c.position_dim if c.region_position == "sinusoidal" else 0
         if position_dim:
-            self.register_buffer("position_code", sinusoidal_grid_code(tuple(c.grid), position_dim), persistent=False)
+            self.register_buffer("position_code", grid_code(tuple(c.grid), position_dim), persistent=False)
         self.context_dim = d = c.region_dim + position_dim
         self.embedding = nn.Embedding(c.vocab_size, c.embed_dim)
         self.attention = RegionAttention(c.attention, d, c.hidden_dim, c.attention_dim, c.learned_sharpness,
@@ -109,14 +88,15 @@ class LSTMDecoder(nn.Module):
         self.out_context = nn.Linear(d, c.embed_dim, bias=False)               # L_z
         self.dropout = nn.Dropout(c.dropout)
         self.out_words = nn.Linear(c.embed_dim, c.vocab_size)                   # L_o
-        if c.attention_mode == "hard":
-            # REINFORCE baseline b_k = 0.9 b_{k-1} + 0.1 log p(y | s_k, a); saved with the weights.
-            self.register_buffer("reward_baseline", torch.zeros(()))
-            self.register_buffer("baseline_updates", torch.zeros((), dtype=torch.long))
 
     @property
     def hard(self) -> bool:
         return self.config.attention_mode == "hard"
+
+    @property
+    def objective(self) -> str:
+        """The training loss that fits this decoder (see :mod:`captioner.models.decoder`)."""
+        return "hard_attention" if self.hard else "likelihood"
 
     # -- pieces shared by teacher forcing and step-by-step decoding ---------------------------------
     def prepare_regions(self, features: torch.Tensor) -> torch.Tensor:
@@ -168,14 +148,9 @@ class LSTMDecoder(nn.Module):
         return self.out_words(self.dropout(torch.tanh(embedded + self.out_hidden(h) + self.out_context(z))))
 
     # -- teacher forcing ------------------------------------------------------------------------------
-    def forward(self, features: torch.Tensor, captions: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Teacher-forced pass.
-
-        ``features`` (B, L, D); ``captions`` (B, T+1) = ``<start> w_1 .. <end> <pad>..`` (``<pad>``
-        trailing). Returns ``logits`` (B', T, V) predicting ``captions[:, 1:]`` and ``alpha`` (B', T, L), where
-        B' = B except in hard-attention training with ``location_samples = M > 1`` (B' = B * M, each
-        caption repeated M times, ``repeats`` = M). Hard-attention training adds ``log_prob_location``
-        and ``entropy`` (B', T) and ``expectation_rows`` (B',) bool.
+    def forward(self, features: torch.Tensor, captions: torch.Tensor) -> TeacherForced:
+        """Teacher-forced pass (see :class:`~captioner.models.decoder.TeacherForced`): ``features`` (B, L, D),
+        ``captions`` (B, T+1) with trailing ``<pad>``.
 
         Each caption runs for its own words only: the recurrence visits the captions longest first and
         step t advances just those still running (a shrinking prefix), so padding costs no recurrent
@@ -199,19 +174,7 @@ class LSTMDecoder(nn.Module):
         if sampling:
             expectation_rows = torch.rand(batch, device=captions.device) < self.config.expectation_probability
             running_expectation = expectation_rows.index_select(0, order)
-        hs, zs, alphas, infos = [], [], [], []
-        # unbind, not input_gates[:, t]: the backward of T slices would zero-fill and add T full-size
-        # (B, T, 4H) gradients (quadratic in T); unbind's backward stacks the T step gradients once
-        for n, step_gates in zip(running, input_gates.unbind(1)):
-            if n == 0:
-                break
-            z, alpha, info = self.context(regions[:n], None if keys is None else keys[:n], h[:n],
-                                          None if running_expectation is None else running_expectation[:n])
-            h, c = self.lstm_cell(step_gates[:n], z, h[:n], c[:n])
-            hs.append(h)
-            zs.append(z)
-            alphas.append(alpha)
-            infos.append(info)
+        hs, zs, alphas, infos = self.recurrence(regions, keys, h, c, input_gates, running, running_expectation)
         inverse = order.argsort()
 
         def in_callers_order(per_step: list[torch.Tensor]) -> torch.Tensor:
@@ -222,13 +185,31 @@ class LSTMDecoder(nn.Module):
                 stacked = F.pad(stacked, [0, 0] * (stacked.dim() - 2) + [0, num_steps - stacked.shape[1]])
             return stacked.index_select(0, inverse)
 
-        logits = self.output_logits(embedded, in_callers_order(hs), in_callers_order(zs))
-        out = {"logits": logits, "alpha": in_callers_order(alphas), "repeats": repeats}
+        out = TeacherForced(logits=self.output_logits(embedded, in_callers_order(hs), in_callers_order(zs)),
+                            alpha=in_callers_order(alphas), repeats=repeats)
         if sampling:
-            out["log_prob_location"] = in_callers_order([i["log_prob_location"] for i in infos])
-            out["entropy"] = in_callers_order([i["entropy"] for i in infos])
-            out["expectation_rows"] = expectation_rows
+            out.log_prob_location = in_callers_order([i["log_prob_location"] for i in infos])
+            out.entropy = in_callers_order([i["entropy"] for i in infos])
+            out.expectation_rows = expectation_rows
         return out
+
+    def recurrence(self, regions, keys, h, c, input_gates, running: list[int], expectation_rows):
+        """The teacher-forced LSTM steps over rows sorted longest first: step t advances the first
+        ``running[t]`` rows. Returns per step ``h_t``, ``z_t``, ``alpha_t`` and the location terms."""
+        hs, zs, alphas, infos = [], [], [], []
+        # unbind, not input_gates[:, t]: the backward of T slices would zero-fill and add T full-size
+        # (B, T, 4H) gradients (quadratic in T); unbind's backward stacks the T step gradients once
+        for n, step_gates in zip(running, input_gates.unbind(1)):
+            if n == 0:
+                break
+            z, alpha, info = self.context(regions[:n], None if keys is None else keys[:n], h[:n],
+                                          None if expectation_rows is None else expectation_rows[:n])
+            h, c = self.lstm_cell(step_gates[:n], z, h[:n], c[:n])
+            hs.append(h)
+            zs.append(z)
+            alphas.append(alpha)
+            infos.append(info)
+        return hs, zs, alphas, infos
 
     # -- the decode-step interface --------------------------------------------------------------------
     def init_state(self, features: torch.Tensor) -> dict[str, torch.Tensor]:

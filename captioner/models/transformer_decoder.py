@@ -41,6 +41,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from captioner.data.vocabulary import Vocabulary
+from captioner.models.decoder import TeacherForced
+from captioner.models.positions import grid_code, sinusoidal_code
 
 
 @dataclass
@@ -48,35 +50,15 @@ class TransformerDecoderConfig:
     vocab_size: int
     region_dim: int                   # D, the encoder's feature size
     grid: tuple[int, int]             # (gh, gw), L = gh * gw
-    d_model: int = 512
-    num_layers: int = 3
-    num_heads: int = 8
-    ffn_dim: int = 2048
-    dropout: float = 0.1
+    d_model: int = 512                # width of every layer
+    num_layers: int = 3               # decoder layers
+    num_heads: int = 8                # attention heads per layer
+    ffn_dim: int = 2048               # feed-forward inner size
+    dropout: float = 0.1              # in every block
     region_position: str = "learned"  # learned | sinusoidal | none: position code added to the projected regions
     tie_embeddings: bool = True       # the output layer's weight is the word embedding
-    attention_layer: int = -1         # the layer whose cross-attention is reported as alpha
-    max_length: int = 64              # most word positions (input words of a caption, or decoding steps)
-
-
-def sinusoidal_code(positions: int, dim: int) -> torch.Tensor:
-    """The Transformer's position code ``(positions, dim)``: sines then cosines of ``p / 10000^(2i/dim)``."""
-    if dim % 2:
-        raise ValueError(f"a sinusoidal code needs an even size, got {dim}")
-    freqs = torch.exp(-math.log(10_000.0) * torch.arange(0, dim, 2, dtype=torch.float32) / dim)
-    angles = torch.arange(positions, dtype=torch.float32)[:, None] * freqs[None, :]
-    return torch.cat([angles.sin(), angles.cos()], dim=1)
-
-
-def sinusoidal_grid_positions(grid: tuple[int, int], dim: int) -> torch.Tensor:
-    """A 2-D code ``(L, dim)`` for a ``gh x gw`` grid in row-major order: the row's code in the first half,
-    the column's in the second. (The LSTM's ``sinusoidal_grid_code`` uses frequencies ``pi * 2^k``, which
-    overflow float32 at ``dim`` in the hundreds, hence this code with the Transformer's frequencies.)"""
-    if dim % 4:
-        raise ValueError(f"a 2-D sinusoidal code needs a size that is a multiple of 4, got {dim}")
-    gh, gw = grid
-    rows, cols = sinusoidal_code(gh, dim // 2), sinusoidal_code(gw, dim // 2)
-    return torch.cat([rows[:, None, :].expand(gh, gw, -1), cols[None, :, :].expand(gh, gw, -1)], dim=-1).reshape(gh * gw, dim)
+    attention_layer: int = -1         # the layer whose cross-attention (mean over heads) is reported as alpha
+    max_length: int = 64              # most word positions a caption or a decoding may use
 
 
 class DecoderLayer(nn.Module):
@@ -143,15 +125,17 @@ class DecoderLayer(nn.Module):
 class TransformerDecoder(nn.Module):
     """Pre-norm Transformer decoder over image regions with a key/value cache for decoding."""
 
+    objective = "likelihood"
+
     def __init__(self, config: TransformerDecoderConfig):
         super().__init__()
         self.config = c = config
         if c.d_model % c.num_heads:
-            raise ValueError(f"model.d_model ({c.d_model}) must be a multiple of model.num_heads ({c.num_heads})")
+            raise ValueError(f"d_model ({c.d_model}) must be a multiple of num_heads ({c.num_heads})")
         if c.region_position not in ("learned", "sinusoidal", "none"):
-            raise ValueError(f"model.region_position must be learned, sinusoidal or none, not {c.region_position!r}")
+            raise ValueError(f"region_position must be learned, sinusoidal or none, not {c.region_position!r}")
         if not -c.num_layers <= c.attention_layer < c.num_layers:
-            raise ValueError(f"model.attention_layer must name one of the {c.num_layers} layers, not {c.attention_layer}")
+            raise ValueError(f"attention_layer must name one of the {c.num_layers} layers, not {c.attention_layer}")
         self.attention_layer = c.attention_layer % c.num_layers
         num_regions = c.grid[0] * c.grid[1]
         self.region_proj = nn.Linear(c.region_dim, c.d_model)
@@ -159,7 +143,7 @@ class TransformerDecoder(nn.Module):
         if c.region_position == "learned":
             self.region_position = nn.Parameter(torch.randn(num_regions, c.d_model) * 0.02)
         else:
-            code = (sinusoidal_grid_positions(tuple(c.grid), c.d_model) if c.region_position == "sinusoidal"
+            code = (grid_code(tuple(c.grid), c.d_model) if c.region_position == "sinusoidal"
                     else torch.zeros(num_regions, c.d_model))
             self.register_buffer("region_position", code, persistent=False)
         self.embedding = nn.Embedding(c.vocab_size, c.d_model)
@@ -211,7 +195,7 @@ class TransformerDecoder(nn.Module):
         return self.out_words(self.final_norm(x)), weights
 
     # -- teacher forcing ------------------------------------------------------------------------------
-    def forward(self, features: torch.Tensor, captions: torch.Tensor, heads: bool = False) -> dict[str, torch.Tensor]:
+    def forward(self, features: torch.Tensor, captions: torch.Tensor, heads: bool = False) -> TeacherForced:
         """Teacher-forced pass.
 
         ``features`` (B, L, D); ``captions`` (B, T+1) = ``<start> w_1 .. <end> <pad>..``. Returns ``logits``
@@ -221,10 +205,7 @@ class TransformerDecoder(nn.Module):
         """
         memory_kv = self.memory_kv(self.prepare_regions(features))
         logits, weights = self.run_layers(captions[:, :-1], memory_kv)
-        out = {"logits": logits, "alpha": weights.mean(dim=1)}
-        if heads:
-            out["alpha_heads"] = weights
-        return out
+        return TeacherForced(logits=logits, alpha=weights.mean(dim=1), alpha_heads=weights if heads else None)
 
     # -- the decode-step interface --------------------------------------------------------------------
     @property

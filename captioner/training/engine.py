@@ -1,110 +1,158 @@
-"""The training engine: ``train_one_epoch``, ``validate`` and ``train`` (the whole run, resumable).
+"""The training engine: ``train`` (the whole run, resumable), ``train_one_epoch`` and ``validate``.
 
 A run directory holds ``config.yaml`` (the resolved config), ``last.pt`` and ``best.pt`` (see
-:mod:`captioner.training.checkpoint`), ``metrics.jsonl`` (one JSON object per log line) and the
-wandb folder when wandb is on. ``train(..., resume=True)`` continues from ``last.pt`` exactly where
-an uninterrupted run would be: same data order, same random state, same optimizer state.
+:mod:`captioner.checkpoint`), ``metrics.jsonl`` (one JSON object per log line) and the wandb folder when
+wandb is on. ``train(..., resume=True)`` continues from ``last.pt`` exactly where an uninterrupted run would
+be: same data order, same random state, same optimizer and loss state.
+
+Everything the steps of a run share lives in a :class:`Run`; what changes from step to step (and is saved)
+in a :class:`TrainState`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import math
-import signal
 import time
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import torch
+from torch import nn
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
-from captioner.config import save_config, with_defaults
-from captioner.data.dataset import CaptionDataset, EpochSampler, collate, image_transform
-from captioner.data.feature_cache import FeatureCache
+from captioner.checkpoint import load_checkpoint, model_and_loss_states, save_checkpoint
+from captioner.config import complete, save_config
+from captioner.data.dataset import (
+    CaptionDataset,
+    EpochSampler,
+    collate,
+    make_dataset,
+    visual_inputs,
+)
+from captioner.data.feature_cache import check_cache_matches
 from captioner.data.readers import read_split
 from captioner.data.vocabulary import Vocabulary, training_vocabulary
+from captioner.decoding.search import DecodeConfig
 from captioner.errors import CaptionerError
 from captioner.evaluation.caption_metrics import score_captions
 from captioner.evaluation.generate import caption_texts, generate_captions
-from captioner.models.captioner import build_model
-from captioner.training.checkpoint import load_checkpoint, save_checkpoint
-from captioner.training.distributed import World, all_sum, barrier, merge_dicts, setup, teardown
-from captioner.training.losses import decoder_loss
+from captioner.models.captioner import Captioner, build_model
+from captioner.training.distributed import (
+    World,
+    all_sum,
+    barrier,
+    merge_dicts,
+    setup,
+    teardown,
+)
+from captioner.training.losses import build_loss
+from captioner.training.run_io import GracefulStop, MetricsLogger
 from captioner.utils import rng_state, seed_everything, set_rng_state
 
 log = logging.getLogger(__name__)
 
 
-class MetricsLogger:
-    """Appends one JSON object per record to ``metrics.jsonl`` and mirrors it to wandb when enabled;
-    silent where ``enabled`` is false (ranks other than 0)."""
+@dataclass
+class TrainState:
+    """Where a run stands; saved in every checkpoint as ``progress``."""
 
-    def __init__(self, run_dir: Path, config: dict, wandb_mode: str, enabled: bool = True):
-        self.path = run_dir / "metrics.jsonl"
-        self.enabled = enabled
-        self.wandb = None
-        if enabled and wandb_mode != "disabled":
-            import os
+    epoch: int = 0                  # epochs finished
+    step: int = 0                   # optimizer steps taken
+    batch_in_epoch: int = 0         # batches of the current epoch consumed (a resumed run starts after them)
+    best: float = float("-inf")     # best validation score of train.metric so far
+    stale: int = 0                  # epochs since it last improved
+    train_seconds: float = 0.0      # training time of the whole run, resumed parts included
+    words_per_s: float | None = None
+    skipped_images: list[str] = field(default_factory=list)
 
-            import wandb
 
-            os.environ.setdefault("WANDB_SILENT", "true")
-            self.wandb = wandb.init(project="captioner", dir=str(run_dir), config=config, mode=wandb_mode,
-                                    name=run_dir.name, reinit="finish_previous")
+@dataclass
+class Run:
+    """Everything the steps of one training run share."""
 
-    def log(self, record: dict) -> None:
-        if not self.enabled:
+    config: dict
+    world: World
+    device: torch.device
+    dir: Path
+    vocab: Vocabulary
+    model: Captioner
+    net: nn.Module                  # what runs the forward pass: the model, wrapped for DDP and/or compiled
+    loss: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler
+    sampler: EpochSampler
+    loader: DataLoader
+    val_set: CaptionDataset
+    logger: MetricsLogger
+    rank_batch: int
+    started: float = field(default_factory=time.perf_counter)
+    seconds_before: float = 0.0     # training time of the earlier parts of a resumed run
+
+    def save(self, state: TrainState, name: str = "last") -> None:
+        """Write ``{name}.pt`` (rank 0 only), the training time so far included."""
+        state.train_seconds = self.seconds_before + time.perf_counter() - self.started
+        if not self.world.is_main:
             return
-        with self.path.open("a") as handle:
-            handle.write(json.dumps(record) + "\n")
-        if self.wandb is not None:
-            self.wandb.log({k: v for k, v in record.items() if isinstance(v, (int, float))}, step=record.get("step"))
-
-    def close(self) -> None:
-        if self.wandb is not None:
-            self.wandb.finish()
+        save_checkpoint({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                         "scheduler": self.scheduler.state_dict(), "loss": self.loss.state_dict(),
+                         "progress": asdict(state), "rng": rng_state(), "vocab": self.vocab.to_dict(),
+                         "config": self.config}, self.dir / f"{name}.pt")
 
 
-class GracefulStop:
-    """Turns SIGINT/SIGTERM into a flag the loop checks between steps, so a checkpoint can be saved."""
-
-    def __init__(self):
-        self.requested = False
-        self._previous = {}
-
-    def __enter__(self):
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            try:
-                self._previous[sig] = signal.signal(sig, self._handle)
-            except ValueError:  # not the main thread: leave signals alone
-                pass
-        return self
-
-    def _handle(self, signum, frame):
-        if self.requested:  # a second signal: stop at once
-            raise KeyboardInterrupt
-        self.requested = True
-        log.warning("stop requested (%s): saving a resumable checkpoint after this step", signal.Signals(signum).name)
-
-    def __exit__(self, *exc):
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
+def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool, world: World) -> None:
+    """Refuse to resume nothing or to replace a run silently; create the folder (rank 0)."""
+    last = run_dir / "last.pt"
+    if resume and not last.exists():
+        raise CaptionerError(f"{last}: nothing to resume")
+    if not resume and not overwrite and last.exists():
+        raise CaptionerError(f"{run_dir}: already holds a run; pass --resume to continue it or --overwrite to replace it")
+    if world.is_main:
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise CaptionerError(f"{run_dir}: cannot create the run folder ({err.strerror or err})") from None
+        if overwrite and not resume:
+            for name in ("last.pt", "best.pt", "metrics.jsonl"):
+                (run_dir / name).unlink(missing_ok=True)
+    barrier(world)
 
 
-def build_datasets(config: dict, train_records, val_records, vocab: Vocabulary, model):
-    """Training pairs and validation images, from cached features or raw images."""
-    data = config["data"]
-    common = {"max_caption_length": data["max_caption_length"], "max_pixels": data["max_pixels"], "strict": data["strict"]}
-    visual = ({"features": FeatureCache(data["features"])} if data["features"]
-              else {"transform": image_transform(model.encoder)})
-    train_set = CaptionDataset(train_records, vocab, pairs=True, **visual, **common)
-    val_set = CaptionDataset(val_records, vocab, pairs=False, **visual, **common)
-    for name, dataset in (("train", train_set), ("val", val_set)):
-        if dataset.missing:
-            log.warning("%s: %d image(s) missing from the feature cache are skipped", name, len(dataset.missing))
-    return train_set, val_set
+def _differences(saved: dict, config: dict, prefix: str) -> list[str]:
+    keys = sorted(set(saved) | set(config))
+    out = []
+    for key in keys:
+        a, b = saved.get(key), config.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += _differences(a, b, f"{prefix}{key}.")
+        elif a != b:
+            out.append(prefix + key)
+    return out
+
+
+def resumable_checkpoint(config: dict, path: Path) -> dict:
+    """``path``'s checkpoint, after checking that it trains the same model on the same encoder."""
+    checkpoint = load_checkpoint(path)
+    saved = complete(checkpoint["config"])
+    for section in ("model", "encoder"):
+        changed = _differences(saved[section], config[section], f"{section}.")
+        if changed:
+            raise CaptionerError(f"{path}: cannot resume with a different {section} section (changed: {', '.join(changed)})")
+    return checkpoint
+
+
+def check_train_settings(config: dict, world: World) -> int:
+    """Settings only training reads; returns this rank's share of the global batch."""
+    train = config["train"]
+    if train["nonfinite"] not in ("stop", "skip"):
+        raise CaptionerError(f"train.nonfinite must be 'stop' or 'skip', not {train['nonfinite']!r}")
+    if train["batch_size"] % world.size:
+        raise CaptionerError(f"train.batch_size={train['batch_size']} is the global batch: it must split evenly over "
+                             f"{world.size} processes")
+    return train["batch_size"] // world.size
 
 
 def make_optimizer(model, config: dict) -> torch.optim.Optimizer:
@@ -143,87 +191,187 @@ def autocast(device: torch.device, enabled: bool):
     return torch.autocast("cuda", dtype=dtype)
 
 
+def wrap_model(model: Captioner, config: dict, world: World, device: torch.device) -> nn.Module:
+    """The module that runs the forward pass: DistributedDataParallel across ranks, compiled on CUDA."""
+    net: nn.Module = model
+    if world.distributed:
+        net = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    if config["train"]["compile"]:
+        if device.type == "cuda":
+            net = torch.compile(net)
+        else:
+            log.info("train.compile is for CUDA; training uncompiled on %s", device)
+    return net
+
+
+def build_run(config: dict, world: World, device: torch.device, checkpoint: dict | None) -> Run:
+    """Data, model, loss, optimizer and loader of a run (new, or about to resume from ``checkpoint``)."""
+    data, train = config["data"], config["train"]
+    rank_batch = check_train_settings(config, world)
+    train_records, val_records = read_split(data, "train"), read_split(data, "val")
+    vocab = Vocabulary.from_dict(checkpoint["vocab"]) if checkpoint else training_vocabulary(data, train_records)
+    model = build_model(config, len(vocab), pretrained=checkpoint is None)
+    train_set = make_dataset(config, train_records, vocab, model.encoder, pairs=True)
+    val_set = make_dataset(config, val_records, vocab, model.encoder, pairs=False)
+    check_cache_matches(data["features"], config["encoder"])
+    model.to(device)
+    if train["channels_last"] and device.type == "cuda":
+        model.encoder.to(memory_format=torch.channels_last)
+    sampler = EpochSampler(len(train_set), seed=config["run"]["seed"], rank=world.rank, world_size=world.size,
+                           lengths=[train_set.caption_length(i) for i in range(len(train_set))],
+                           bucket_batch=train["batch_size"] if data["bucket_by_length"] else 0)
+    optimizer = make_optimizer(model, config)
+    workers = data["num_workers"]
+    loader = DataLoader(train_set, batch_size=rank_batch, sampler=sampler, collate_fn=collate, num_workers=workers,
+                        pin_memory=device.type == "cuda", persistent_workers=workers > 0,
+                        generator=torch.Generator())  # keeps the global random state untouched
+    return Run(config=config, world=world, device=device, dir=Path(config["run"]["out"]), vocab=vocab, model=model,
+               net=wrap_model(model, config, world, device), loss=build_loss(model.decoder, config["loss"]).to(device),
+               optimizer=optimizer, scheduler=make_scheduler(optimizer, config, math.ceil(len(sampler) / rank_batch)),
+               scaler=torch.amp.GradScaler(device.type, enabled=train["amp"] and device.type == "cuda"
+                                           and not torch.cuda.is_bf16_supported()),
+               sampler=sampler, loader=loader, val_set=val_set,
+               logger=MetricsLogger(Path(config["run"]["out"]), config, train["wandb"], enabled=world.is_main),
+               rank_batch=rank_batch)
+
+
+def restore(run: Run, checkpoint: dict) -> TrainState:
+    """Load a checkpoint's weights, optimizer, schedule, loss state and random state into ``run``."""
+    model_state, loss_state = model_and_loss_states(checkpoint)
+    run.model.load_state_dict(model_state)
+    if loss_state:
+        run.loss.load_state_dict(loss_state)
+    run.optimizer.load_state_dict(checkpoint["optimizer"])
+    run.scheduler.load_state_dict(checkpoint["scheduler"])
+    set_rng_state(checkpoint["rng"])
+    known = {f.name for f in fields(TrainState)}
+    state = TrainState(**{k: v for k, v in checkpoint["progress"].items() if k in known})
+    run.seconds_before = state.train_seconds
+    log.info("resumed %s at epoch %d, step %d", run.dir, state.epoch + 1, state.step)
+    return state
+
+
+def decoder_loss(run: Run, batch: dict) -> dict[str, torch.Tensor]:
+    """Forward pass and loss of one batch on this rank."""
+    channels_last = run.config["train"]["channels_last"] and run.device.type == "cuda"
+    inputs = visual_inputs(batch, run.device, channels_last=channels_last)
+    captions = batch["captions"].to(run.device, non_blocking=True)
+    with autocast(run.device, run.config["train"]["amp"]):
+        return run.loss(run.net(captions, **inputs), captions[:, 1:])
+
+
+def log_skipped_images(run: Run, state: TrainState, batch: dict) -> None:
+    for message in batch["errors"]:
+        if message not in state.skipped_images:  # each image once, though it comes with every caption
+            state.skipped_images.append(message)
+            log.warning("skipped unreadable image: %s", message)
+            run.logger.log({"type": "skipped_image", "step": state.step, "error": message})
+
+
+def optimizer_step(run: Run, state: TrainState, losses: dict, stop: GracefulStop) -> tuple[float, bool] | None:
+    """Back-propagate and step, with the ranks agreeing on the words, non-finite losses and stop requests.
+    Returns ``(global words, stop requested on some rank)``, or None when the batch was skipped.
+
+    With several ranks each rank's loss is weighted by its share of the global batch's words, so the
+    averaged gradient is that of one process over the whole global batch (exactly so for the cross-entropy)."""
+    loss, world, train = losses["loss"], run.world, run.config["train"]
+    run.optimizer.zero_grad(set_to_none=True)
+    local_words = float(losses["words"])
+    global_words, nonfinite_ranks, stopping_ranks = all_sum(
+        [local_words, float(not torch.isfinite(loss)), float(stop.requested)], world, run.device)
+    if nonfinite_ranks:
+        where = f"step {state.step + 1}, epoch {state.epoch + 1}"
+        if train["nonfinite"] != "skip":
+            raise CaptionerError(f"non-finite loss ({loss.item()}) at {where}; the last good checkpoint is kept "
+                                 f"(train.nonfinite=skip skips such batches instead)")
+        log.warning("non-finite loss (%s) at %s: batch skipped", loss.item(), where)
+        run.logger.log({"type": "skipped_batch", "step": state.step + 1, "loss": str(loss.item())})
+        return None
+    if world.distributed:
+        loss = loss * (local_words * world.size / max(global_words, 1.0))
+    run.scaler.scale(loss).backward()
+    if train["grad_clip"]:
+        run.scaler.unscale_(run.optimizer)
+        torch.nn.utils.clip_grad_norm_(run.model.parameters(), train["grad_clip"])
+    run.scaler.step(run.optimizer)
+    run.scaler.update()
+    run.scheduler.step()
+    state.step += 1
+    return global_words, bool(stopping_ranks or stop.requested and not world.distributed)
+
+
+LOGGED_TERMS = ("attention", "reinforce", "entropy", "reward", "baseline")
+
+
+def log_step(run: Run, state: TrainState, losses: dict, words_per_s: float) -> None:
+    record = {"type": "train", "step": state.step, "epoch": state.epoch + 1, "loss": losses["loss"].item(),
+              "cross_entropy": losses["cross_entropy"].item(), "words_per_s": words_per_s,
+              "lr": run.optimizer.param_groups[0]["lr"]}
+    record.update({key: losses[key].item() for key in LOGGED_TERMS if key in losses})
+    run.logger.log(record)
+
+
+def train_one_epoch(run: Run, state: TrainState, stop: GracefulStop) -> bool:
+    """One pass over the loader, from ``state.batch_in_epoch`` on. Returns False when asked to stop part-way."""
+    train = run.config["train"]
+    run.model.train()
+    run.loss.train()
+    words_seen, started = 0, time.perf_counter()
+    bar = tqdm(run.loader, desc=f"epoch {state.epoch + 1}/{train['epochs']}", unit="batch", leave=False,
+               disable=not run.world.is_main, initial=state.batch_in_epoch, total=state.batch_in_epoch + len(run.loader))
+    for batch in bar:
+        log_skipped_images(run, state, batch)
+        state.batch_in_epoch += 1  # consumed, even if skipped below: a resumed run starts after it
+        if batch["size"] == 0:
+            continue
+        losses = decoder_loss(run, batch)
+        stepped = optimizer_step(run, state, losses, stop)
+        if stepped is None:
+            continue
+        words_seen += int(stepped[0])
+        words_per_s = words_seen / (time.perf_counter() - started)
+        bar.set_postfix(loss=f"{losses['loss'].item():.3f}", words_s=f"{words_per_s:.0f}")
+        if state.step % train["log_every"] == 0:
+            log_step(run, state, losses, words_per_s)
+        if train["checkpoint_every"] and state.step % train["checkpoint_every"] == 0:
+            run.save(state)
+        if stepped[1]:
+            return False
+    state.words_per_s = words_seen / max(time.perf_counter() - started, 1e-9)
+    return True
+
+
 def validate(model, val_set: CaptionDataset, vocab: Vocabulary, config: dict, world: World = World()) -> dict[str, float]:
     """Decode validation images (beam ``train.val_beam``) and score them: BLEU-1..4, ROUGE-L, CIDEr.
     Each rank decodes its share of the images; the captions are gathered so every rank gets the same scores."""
     train = config["train"]
-    generations = generate_captions(model, val_set, vocab, beam_size=train["val_beam"],
-                                    max_length=config["decode"]["max_length"], batch_size=train["batch_size"],
-                                    max_images=train["val_max_images"], shard=(world.rank, world.size))
+    generations = generate_captions(model, val_set, vocab, DecodeConfig.of(config, beam=train["val_beam"]),
+                                    batch_size=train["batch_size"], max_images=train["val_max_images"],
+                                    shard=(world.rank, world.size))
     texts = merge_dicts(caption_texts(generations, vocab), world)
     references = {r.image_id: r.captions for r in val_set.records if r.image_id in texts}
     return score_captions(references, texts, java=False)
 
 
-def train_one_epoch(model, loader, optimizer, scheduler, scaler, config: dict, progress: dict, logger: MetricsLogger,
-                    stop: GracefulStop, save_last, net=None, world: World = World()) -> bool:
-    """One pass over ``loader``. Returns False when the run was asked to stop part-way.
-
-    ``net`` is what runs the forward pass: ``model`` itself, or its DistributedDataParallel wrapper. With
-    several ranks each rank's loss is weighted by its share of the global batch's words, so the averaged
-    gradient is that of one process over the whole global batch (exactly so for the cross-entropy);
-    non-finite losses and stop requests are agreed on by all ranks, so they stop at the same step."""
-    train, device = config["train"], model.device
-    net = net if net is not None else model
-    model.train()
-    words_seen, started = 0, time.perf_counter()
-    channels_last = train["channels_last"] and device.type == "cuda"
-    bar = tqdm(loader, desc=f"epoch {progress['epoch'] + 1}/{train['epochs']}", unit="batch", disable=not world.is_main,
-               initial=progress["batch_in_epoch"], total=progress["batch_in_epoch"] + len(loader), leave=False)
-    for batch in bar:
-        for message in batch["errors"]:
-            if message not in progress["skipped_images"]:  # each image once, though it comes with every caption
-                progress["skipped_images"].append(message)
-                log.warning("skipped unreadable image: %s", message)
-                logger.log({"type": "skipped_image", "step": progress["step"], "error": message})
-        progress["batch_in_epoch"] += 1  # consumed, even if skipped below: a resumed run starts after it
-        if batch["visual"] is None:
-            continue
-        visual = batch["visual"].to(device, non_blocking=True)
-        if channels_last and visual.dim() == 4:
-            visual = visual.contiguous(memory_format=torch.channels_last)
-        captions = batch["captions"].to(device, non_blocking=True)
-        with autocast(device, train["amp"]):
-            out = net(visual, captions)
-            losses = decoder_loss(model.decoder, out, captions[:, 1:], config)
-        loss = losses["loss"]
-        optimizer.zero_grad(set_to_none=True)
-        local_words = float(losses["words"])
-        global_words, nonfinite_ranks, stopping_ranks = all_sum(
-            [local_words, float(not torch.isfinite(loss)), float(stop.requested)], world, device)
-        if nonfinite_ranks:
-            where = f"step {progress['step'] + 1}, epoch {progress['epoch'] + 1}"
-            if train["nonfinite"] != "skip":
-                raise CaptionerError(f"non-finite loss ({loss.item()}) at {where}; the last good checkpoint is kept "
-                                     f"(train.nonfinite=skip skips such batches instead)")
-            log.warning("non-finite loss (%s) at %s: batch skipped", loss.item(), where)
-            logger.log({"type": "skipped_batch", "step": progress["step"] + 1, "loss": str(loss.item())})
-            continue
-        if world.distributed:
-            loss = loss * (local_words * world.size / max(global_words, 1.0))
-        scaler.scale(loss).backward()
-        if train["grad_clip"]:
-            scaler.unscale_(optimizer)
-            torch.nn.utils.clip_grad_norm_(model.parameters(), train["grad_clip"])
-        scaler.step(optimizer)
-        scaler.update()
-        scheduler.step()
-        progress["step"] += 1
-        words_seen += int(global_words)
-        words_per_s = words_seen / (time.perf_counter() - started)
-        bar.set_postfix(loss=f"{losses['loss'].item():.3f}", words_s=f"{words_per_s:.0f}")
-        if progress["step"] % train["log_every"] == 0:
-            record = {"type": "train", "step": progress["step"], "epoch": progress["epoch"] + 1,
-                      "loss": losses["loss"].item(), "cross_entropy": losses["cross_entropy"].item(),
-                      "words_per_s": words_per_s, "lr": optimizer.param_groups[0]["lr"]}
-            record.update({key: losses[key].item() for key in ("attention", "reinforce", "entropy", "reward", "baseline")
-                           if key in losses})
-            logger.log(record)
-        if train["checkpoint_every"] and progress["step"] % train["checkpoint_every"] == 0:
-            save_last()  # a no-op on ranks other than 0
-        if stopping_ranks or stop.requested and not world.distributed:
-            return False
-    progress["words_per_s"] = words_seen / max(time.perf_counter() - started, 1e-9)
+def end_epoch(run: Run, state: TrainState) -> bool:
+    """Validate, keep the best checkpoint, save ``last``; returns False when early stopping ends the run."""
+    train = run.config["train"]
+    scores = validate(run.model, run.val_set, run.vocab, run.config, run.world)
+    state.epoch += 1
+    state.batch_in_epoch = 0
+    score = scores[train["metric"]]
+    improved = score > state.best
+    state.best, state.stale = (score, 0) if improved else (state.best, state.stale + 1)
+    run.logger.log({"type": "val", "step": state.step, "epoch": state.epoch, "words_per_s": state.words_per_s, **scores})
+    if run.world.is_main:
+        tqdm.write(f"epoch {state.epoch}/{train['epochs']}: " + " ".join(f"{k} {v:.3f}" for k, v in scores.items())
+                   + f" | {state.words_per_s or 0:.0f} words/s" + (" (best)" if improved else ""))
+    run.save(state)
+    if improved:
+        run.save(state, "best")
+    if train["early_stopping"] and state.stale >= train["early_stopping"]:
+        tqdm.write(f"early stop: no {train['metric']} gain for {state.stale} epochs")
+        return False
     return True
 
 
@@ -241,140 +389,30 @@ def train(config: dict, *, resume: bool = False, overwrite: bool = False) -> dic
 
 def _train(config: dict, world: World, device: torch.device, *, resume: bool, overwrite: bool) -> dict:
     run_dir = Path(config["run"]["out"])
-    last_path, best_path = run_dir / "last.pt", run_dir / "best.pt"
-    if resume and not last_path.exists():
-        raise CaptionerError(f"{last_path}: nothing to resume")
-    if not resume and not overwrite and last_path.exists():
-        raise CaptionerError(f"{run_dir}: already holds a run; pass --resume to continue it or --overwrite to replace it")
-    if config["train"]["nonfinite"] not in ("stop", "skip"):
-        raise CaptionerError(f"train.nonfinite must be 'stop' or 'skip', not {config['train']['nonfinite']!r}")
-    batch_size = config["train"]["batch_size"]
-    if batch_size % world.size:
-        raise CaptionerError(f"train.batch_size={batch_size} is the global batch: it must split evenly over "
-                             f"{world.size} processes")
-    rank_batch = batch_size // world.size
-    if world.is_main:
-        try:
-            run_dir.mkdir(parents=True, exist_ok=True)
-        except OSError as err:
-            raise CaptionerError(f"{run_dir}: cannot create the run folder ({err.strerror or err})") from None
-        if overwrite and not resume:
-            for path in (last_path, best_path, run_dir / "metrics.jsonl"):
-                path.unlink(missing_ok=True)
-    barrier(world)
+    prepare_run_dir(run_dir, resume=resume, overwrite=overwrite, world=world)
     seed_everything(config["run"]["seed"])
-
-    checkpoint = load_checkpoint(last_path) if resume else None
-    if checkpoint:
-        saved = with_defaults(checkpoint["config"])
-        for section in ("model", "encoder"):
-            if saved[section] != config[section]:
-                changed = sorted(k for k in config[section] if config[section][k] != saved[section].get(k))
-                raise CaptionerError(f"{last_path}: cannot resume with a different {section} section "
-                                     f"(changed: {', '.join(changed)})")
-    train_records, val_records = read_split(config["data"], "train"), read_split(config["data"], "val")
-    if checkpoint:
-        vocab = Vocabulary.from_dict(checkpoint["vocab"])
-    else:
-        vocab = training_vocabulary(config["data"], train_records)
-    model = build_model(config, len(vocab), pretrained=checkpoint is None)
-    train_set, val_set = build_datasets(config, train_records, val_records, vocab, model)
-    _check_cache_matches(config)
-    model.to(device)
-    if config["train"]["channels_last"] and device.type == "cuda":
-        model.encoder.to(memory_format=torch.channels_last)
-    sampler = EpochSampler(len(train_set), seed=config["run"]["seed"], rank=world.rank, world_size=world.size,
-                           lengths=[train_set.caption_length(i) for i in range(len(train_set))],
-                           bucket_batch=batch_size if config["data"]["bucket_by_length"] else 0)
-    optimizer = make_optimizer(model, config)
-    scheduler = make_scheduler(optimizer, config, math.ceil(len(sampler) / rank_batch))
-    scaler = torch.amp.GradScaler(device.type, enabled=config["train"]["amp"] and device.type == "cuda"
-                                  and not torch.cuda.is_bf16_supported())
-    progress = {"epoch": 0, "step": 0, "batch_in_epoch": 0, "best": float("-inf"), "stale": 0, "train_seconds": 0.0,
-                "skipped_images": []}
-    if checkpoint:
-        model.load_state_dict(checkpoint["model"])
-        optimizer.load_state_dict(checkpoint["optimizer"])
-        scheduler.load_state_dict(checkpoint["scheduler"])
-        progress.update(checkpoint["progress"])
-        set_rng_state(checkpoint["rng"])
-        log.info("resumed %s at epoch %d, step %d", run_dir, progress["epoch"] + 1, progress["step"])
+    checkpoint = resumable_checkpoint(config, run_dir / "last.pt") if resume else None
+    run = build_run(config, world, device, checkpoint)
+    state = restore(run, checkpoint) if checkpoint else TrainState()
     if world.is_main:
         save_config(config, run_dir / "config.yaml")
-    net = model
-    if world.distributed:
-        net = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-    if config["train"]["compile"]:
-        if device.type == "cuda":
-            net = torch.compile(net)
-        else:
-            log.info("train.compile is for CUDA; training uncompiled on %s", device)
-
-    def payload() -> dict:
-        return {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                "progress": dict(progress), "rng": rng_state(), "vocab": vocab.to_dict(), "config": config}
-
-    train_cfg = config["train"]
-    logger = MetricsLogger(run_dir, config, train_cfg["wandb"], enabled=world.is_main)
-    workers = config["data"]["num_workers"]
-    loader = DataLoader(train_set, batch_size=rank_batch, sampler=sampler, collate_fn=collate, num_workers=workers,
-                        pin_memory=device.type == "cuda", persistent_workers=workers > 0,
-                        generator=torch.Generator())  # keeps the global random state untouched
-    started = time.perf_counter()
-    seconds_before = progress["train_seconds"]
-
-    def save_last():
-        progress["train_seconds"] = seconds_before + time.perf_counter() - started
-        if world.is_main:
-            save_checkpoint(payload(), last_path)
-
     stopped = False
     try:
         with GracefulStop() as stop:
-            while progress["epoch"] < train_cfg["epochs"]:
-                sampler.set_epoch(progress["epoch"], start=progress["batch_in_epoch"] * rank_batch)
-                if not train_one_epoch(model, loader, optimizer, scheduler, scaler, config, progress, logger, stop,
-                                       save_last, net=net, world=world):
-                    save_last()
+            while state.epoch < config["train"]["epochs"]:
+                run.sampler.set_epoch(state.epoch, start=state.batch_in_epoch * run.rank_batch)
+                if not train_one_epoch(run, state, stop):
+                    run.save(state)
                     stopped = True
-                    log.warning("saved %s; continue with --resume", last_path)
+                    log.warning("saved %s; continue with --resume", run_dir / "last.pt")
                     break
-                scores = validate(model, val_set, vocab, config, world)
-                progress["epoch"] += 1
-                progress["batch_in_epoch"] = 0
-                score = scores[train_cfg["metric"]]
-                improved = score > progress["best"]
-                if improved:
-                    progress["best"], progress["stale"] = score, 0
-                else:
-                    progress["stale"] += 1
-                logger.log({"type": "val", "step": progress["step"], "epoch": progress["epoch"],
-                            "words_per_s": progress.get("words_per_s"), **scores})
-                if world.is_main:
-                    tqdm.write(f"epoch {progress['epoch']}/{train_cfg['epochs']}: "
-                               + " ".join(f"{k} {v:.3f}" for k, v in scores.items())
-                               + f" | {progress.get('words_per_s', 0):.0f} words/s" + (" (best)" if improved else ""))
-                save_last()
-                if improved and world.is_main:
-                    save_checkpoint(payload(), best_path)
-                if train_cfg["early_stopping"] and progress["stale"] >= train_cfg["early_stopping"]:
-                    tqdm.write(f"early stop: no {train_cfg['metric']} gain for {progress['stale']} epochs")
+                if not end_epoch(run, state):
                     break
     finally:
-        logger.close()
-    progress["train_seconds"] = seconds_before + time.perf_counter() - started
-    return {"best": progress["best"], "metric": train_cfg["metric"], "epochs": progress["epoch"],
-            "step": progress["step"], "train_seconds": progress["train_seconds"], "stopped": stopped,
-            "checkpoint": str(best_path if best_path.exists() else last_path), "run_dir": str(run_dir),
-            "words_per_s": progress.get("words_per_s"), "skipped_images": len(progress["skipped_images"])}
-
-
-def _check_cache_matches(config: dict) -> None:
-    """Training from a cache made by another encoder would silently learn from the wrong features."""
-    if not config["data"]["features"]:
-        return
-    cached = FeatureCache(config["data"]["features"]).meta.get("encoder") or {}
-    mismatched = [k for k in ("name", "image_size", "stride", "grid") if k in cached and cached[k] != config["encoder"][k]]
-    if mismatched:
-        raise CaptionerError(f"{config['data']['features']}: cached with another encoder "
-                             f"({', '.join(f'{k}={cached[k]!r}' for k in mismatched)}); match the encoder section or re-cache")
+        run.logger.close()
+    state.train_seconds = run.seconds_before + time.perf_counter() - run.started
+    best = run_dir / "best.pt"
+    return {"best": state.best, "metric": config["train"]["metric"], "epochs": state.epoch, "step": state.step,
+            "train_seconds": state.train_seconds, "stopped": stopped,
+            "checkpoint": str(best if best.exists() else run_dir / "last.pt"), "run_dir": str(run_dir),
+            "words_per_s": state.words_per_s, "skipped_images": len(state.skipped_images)}

@@ -1,10 +1,20 @@
-"""Training objectives: word cross-entropy with the doubly stochastic term (soft attention), and the
-variational lower bound trained by REINFORCE (hard attention, Xu et al. 2015 §4.1)."""
+"""Training objectives: word cross-entropy with the doubly stochastic term (soft attention, the
+Transformer), and the variational lower bound trained by REINFORCE (hard attention, Xu et al. 2015 §4.1).
+
+:func:`build_loss` picks the loss module from the decoder's declared ``objective`` (see
+:mod:`captioner.models.decoder`); a loss module maps a :class:`~captioner.models.decoder.TeacherForced`
+output and its targets (B, T) to a dict with ``loss`` (what is minimised), ``cross_entropy`` (per word, what
+is reported) and ``words`` (real words), plus the terms it adds. Its state (the REINFORCE baseline) is saved
+in checkpoints beside the model's.
+"""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch import nn
+
+from captioner.models.decoder import TeacherForced
 
 
 def doubly_stochastic_term(alpha: torch.Tensor, mask: torch.Tensor, weight: float, scale: str = "caption") -> torch.Tensor:
@@ -20,7 +30,7 @@ def doubly_stochastic_term(alpha: torch.Tensor, mask: torch.Tensor, weight: floa
     (12 words, 196 regions) every concentrated map is uneven coverage.
     """
     if scale not in ("caption", "word"):
-        raise ValueError(f"model.doubly_stochastic_scale must be caption or word, not {scale!r}")
+        raise ValueError(f"loss.doubly_stochastic_scale must be caption or word, not {scale!r}")
     coverage = (alpha.float() * mask.unsqueeze(-1)).sum(dim=1)             # (B, L)
     per_caption = ((1.0 - coverage) ** 2).sum(dim=1)                        # (B,)
     if scale == "word":
@@ -58,75 +68,81 @@ def caption_loss(logits: torch.Tensor, targets: torch.Tensor, alpha: torch.Tenso
     return out
 
 
-def hard_attention_loss(out: dict[str, torch.Tensor], targets: torch.Tensor, baseline: torch.Tensor,
-                        baseline_updates: torch.Tensor, *, doubly_stochastic: float, entropy_weight: float,
-                        baseline_decay: float = 0.9, reward_kind: str = "sequence", pad_index: int = 0,
-                        doubly_stochastic_scale: str = "caption") -> dict[str, torch.Tensor]:
-    """Surrogate loss whose gradient is the paper's estimator of ``-dL_s/dW`` (eq. 11-13).
+class CaptionLoss(nn.Module):
+    """The likelihood objective: (label-smoothed) word cross-entropy plus the doubly stochastic term."""
 
-    For each caption with sampled locations ``s`` (rows not in ``out["expectation_rows"]``):
+    def __init__(self, loss_config: dict):
+        super().__init__()
+        self.config = loss_config
 
-        grad = d log p(y|s,a)/dW + (log p(y|s,a) - b) * d log p(s|a)/dW + entropy_weight * dH[s]/dW
+    def forward(self, out: TeacherForced, targets: torch.Tensor) -> dict[str, torch.Tensor]:
+        c = self.config
+        return caption_loss(out.logits, targets, out.alpha, c["doubly_stochastic"], label_smoothing=c["label_smoothing"],
+                            doubly_stochastic_scale=c["doubly_stochastic_scale"])
 
-    The first term reaches every weight through the likelihood; the second (REINFORCE, the reward
-    ``log p(y|s,a)`` detached, minus the baseline ``b``) reaches the attention network and everything
-    that shapes ``alpha``. Rows that used the expected location get the plain likelihood gradient (which
-    then also flows through ``alpha``). All terms are divided by the number of real words, as the
-    cross-entropy of soft attention is. ``baseline`` and ``baseline_updates`` are the decoder's buffers,
-    updated in place after use: ``b <- decay * b + (1 - decay) * mean reward`` (the first batch sets ``b``
-    before its use, so it starts at the reward's scale, not at 0).
-    ``out`` is the decoder's training output; ``targets`` (B, T) are repeated to match it when the decoder
-    drew several location samples per caption.
 
-    ``reward_kind="sequence"`` is the paper's reward, the caption's log-likelihood; ``"per_word"`` divides it by
-    the caption's length, so that long captions (lower log-likelihood whatever the locations) do not
-    read as bad locations: the same estimator up to a per-caption positive scale, with less variance
-    when caption lengths vary.
+class HardAttentionLoss(nn.Module):
+    """Surrogate loss whose gradient is the paper's estimator of ``-dL_s/dW`` (eq. 11-13), with its
+    moving-average reward baseline as state.
+
+    For each caption with sampled locations ``s`` (rows not in ``out.expectation_rows``):
+
+        grad = d log p(y|s,a)/dW + (r - b) * d log p(s|a)/dW + entropy_weight * dH[s]/dW
+
+    The first term reaches every weight through the likelihood; the second (REINFORCE, the reward ``r``
+    detached, minus the baseline ``b``) reaches the attention network and everything that shapes ``alpha``.
+    Rows that used the expected location get the plain likelihood gradient (which then also flows through
+    ``alpha``). All terms are divided by the number of real words, as the cross-entropy of soft attention is.
+
+    The reward ``r`` is the caption's log-likelihood ``log p(y|s,a)`` (``hard_reward="sequence"``, the paper)
+    or that divided by the caption's length (``"per_word"``: long captions, of lower likelihood whatever the
+    locations, then do not read as bad locations; the same estimator up to a positive per-caption scale).
+    In training mode the baseline is updated after use, ``b <- decay * b + (1 - decay) * mean reward`` over
+    the sampled rows; the first batch sets ``b`` before its use, so it starts at the reward's scale.
     """
-    repeats = out.get("repeats", 1)
-    if repeats > 1:
-        targets = targets.repeat_interleave(repeats, 0)
-    mask = targets != pad_index
-    words = mask.sum()
-    logits = out["logits"].float()
-    token_log_probs = -F.cross_entropy(logits.transpose(1, 2), targets, reduction="none") * mask   # (B, T)
-    log_likelihood = token_log_probs.sum(dim=1)                                                      # (B,)
-    cross_entropy = -log_likelihood.sum() / words
-    sampled = (~out["expectation_rows"]).float()
-    if reward_kind not in ("sequence", "per_word"):
-        raise ValueError(f"model.hard_reward must be sequence or per_word, not {reward_kind!r}")
-    reward = log_likelihood.detach() / (mask.sum(dim=1).clamp_min(1) if reward_kind == "per_word" else 1)
-    if baseline_updates == 0 and sampled.any():
-        with torch.no_grad():
-            baseline.copy_(reward[sampled.bool()].mean())  # the first batch sets b instead of comparing with 0
-    advantage = (reward - baseline) * sampled
-    location_log_prob = (out["log_prob_location"].float() * mask).sum(dim=1)
-    reinforce = -(advantage * location_log_prob).sum() / words
-    entropy = (out["entropy"].float() * mask).sum() / words
-    loss = cross_entropy + reinforce - entropy_weight * entropy
-    result = {"cross_entropy": cross_entropy, "words": words, "reinforce": reinforce, "entropy": entropy,
-              "reward": reward.mean(), "baseline": baseline.detach().clone()}
-    if doubly_stochastic > 0:
-        result["attention"] = doubly_stochastic_term(out["alpha"], mask, doubly_stochastic, doubly_stochastic_scale)
-        loss = loss + result["attention"]
-    result["loss"] = loss
-    if sampled.any():
-        with torch.no_grad():
-            baseline.mul_(baseline_decay).add_((1 - baseline_decay) * reward[sampled.bool()].mean())
-            baseline_updates.add_(1)
-    return result
+
+    def __init__(self, loss_config: dict):
+        super().__init__()
+        if loss_config["hard_reward"] not in ("sequence", "per_word"):
+            raise ValueError(f"loss.hard_reward must be sequence or per_word, not {loss_config['hard_reward']!r}")
+        self.config = loss_config
+        self.register_buffer("baseline", torch.zeros(()))
+        self.register_buffer("baseline_updates", torch.zeros((), dtype=torch.long))
+
+    def forward(self, out: TeacherForced, targets: torch.Tensor) -> dict[str, torch.Tensor]:
+        c = self.config
+        if out.repeats > 1:
+            targets = targets.repeat_interleave(out.repeats, 0)
+        mask = targets != 0
+        words = mask.sum()
+        token_log_probs = -F.cross_entropy(out.logits.float().transpose(1, 2), targets, reduction="none") * mask
+        log_likelihood = token_log_probs.sum(dim=1)                                                      # (B,)
+        cross_entropy = -log_likelihood.sum() / words
+        sampled = ~out.expectation_rows
+        reward = log_likelihood.detach() / (mask.sum(dim=1).clamp_min(1) if c["hard_reward"] == "per_word" else 1)
+        if self.training and self.baseline_updates == 0 and sampled.any():
+            self.baseline.copy_(reward[sampled].mean())    # the first batch sets b instead of comparing with 0
+        advantage = (reward - self.baseline) * sampled
+        location_log_prob = (out.log_prob_location.float() * mask).sum(dim=1)
+        reinforce = -(advantage * location_log_prob).sum() / words
+        entropy = (out.entropy.float() * mask).sum() / words
+        result = {"cross_entropy": cross_entropy, "words": words, "reinforce": reinforce, "entropy": entropy,
+                  "reward": reward.mean(), "baseline": self.baseline.detach().clone()}
+        loss = cross_entropy + reinforce - c["entropy_weight"] * entropy
+        if c["doubly_stochastic"] > 0:
+            result["attention"] = doubly_stochastic_term(out.alpha, mask, c["doubly_stochastic"], c["doubly_stochastic_scale"])
+            loss = loss + result["attention"]
+        result["loss"] = loss
+        if self.training and sampled.any():
+            with torch.no_grad():
+                self.baseline.mul_(c["baseline_decay"]).add_((1 - c["baseline_decay"]) * reward[sampled].mean())
+                self.baseline_updates.add_(1)
+        return result
 
 
-def decoder_loss(decoder, out: dict[str, torch.Tensor], targets: torch.Tensor, config: dict) -> dict[str, torch.Tensor]:
-    """The training loss for ``decoder``'s teacher-forced output ``out`` under the resolved ``config``:
-    the REINFORCE surrogate for hard attention, else the (label-smoothed) cross-entropy."""
-    model_config = config["model"]
-    if "log_prob_location" in out:
-        return hard_attention_loss(out, targets, decoder.reward_baseline, decoder.baseline_updates,
-                                   doubly_stochastic=model_config["doubly_stochastic"],
-                                   entropy_weight=model_config["entropy_weight"],
-                                   baseline_decay=model_config["baseline_decay"], reward_kind=model_config["hard_reward"],
-                                   doubly_stochastic_scale=model_config["doubly_stochastic_scale"])
-    return caption_loss(out["logits"], targets, out.get("alpha"), model_config["doubly_stochastic"],
-                        label_smoothing=config["train"]["label_smoothing"],
-                        doubly_stochastic_scale=model_config["doubly_stochastic_scale"])
+LOSSES = {"likelihood": CaptionLoss, "hard_attention": HardAttentionLoss}
+
+
+def build_loss(decoder, loss_config: dict) -> nn.Module:
+    """The loss module for ``decoder``'s declared ``objective`` under the config's ``loss`` section."""
+    return LOSSES[decoder.objective](loss_config)

@@ -101,25 +101,10 @@ def draw_attention_figure(image: Image.Image, words: Sequence[str], attention: n
     Returns:
         ``out_path`` as a :class:`~pathlib.Path`.
     """
-    attention = np.asarray(attention, dtype=np.float64)
-    steps = len(words)
-    if attention.ndim != 3 or attention.shape[0] != steps:
-        raise ValueError(f"attention must be (T, gh, gw) with T = {steps} words, got shape {attention.shape}")
-    chosen = None if chosen is None else np.asarray(chosen)
-    if chosen is not None and chosen.shape != attention.shape:
-        raise ValueError(f"chosen must have the shape of attention {attention.shape}, got {chosen.shape}")
-    if boxes is not None and len(boxes) != steps:
-        raise ValueError(f"boxes must hold one list of boxes per word ({steps}), got {len(boxes)}")
-    if columns < 1:
-        raise ValueError(f"columns must be at least 1, got {columns}")
-
+    attention, chosen = _checked_maps(words, attention, chosen, boxes, columns)
     width, height = image.size
     display = _display_image(image)
-    display_size = display.shape[:2]
-    grid_height, grid_width = attention.shape[1:]
-    cell_height, cell_width = height / grid_height, width / grid_width
-
-    panels = steps + 1
+    panels = len(words) + 1
     columns = min(columns, panels)
     rows = math.ceil(panels / columns)
     inches_per_pixel = PANEL_INCHES / max(width, height)
@@ -131,42 +116,71 @@ def draw_attention_figure(image: Image.Image, words: Sequence[str], attention: n
     FigureCanvasAgg(figure)
     axes = figure.subplots(rows, columns, squeeze=False).ravel()
     extent = (0, width, height, 0)  # data coordinates are image pixels, whatever the displayed resolution
-
     axes[0].imshow(display, extent=extent, interpolation="antialiased")
     for step, word in enumerate(words):
-        weights = upsample_attention(attention[step], display_size, smooth)
-        peak = weights.max()
-        alpha = weights / peak if peak > 0 else weights
-        brightness = DIMMED_BRIGHTNESS + (1.0 - DIMMED_BRIGHTNESS) * alpha
-        ax = axes[step + 1]
-        ax.imshow(display * brightness[..., None], extent=extent, interpolation="antialiased")
-        ax.set_title(str(word), fontsize=11, parse_math=False)
-        if chosen is not None and np.any(chosen[step]):
-            row, column = np.unravel_index(np.argmax(chosen[step]), chosen[step].shape)
-            ax.add_patch(Rectangle((column * cell_width, row * cell_height), cell_width, cell_height,
-                                   fill=False, edgecolor=CHOSEN_COLOR, linewidth=2))
-        for x, y, box_width, box_height in (boxes[step] if boxes is not None else ()):
-            ax.add_patch(Rectangle((x, y), box_width, box_height, fill=False, edgecolor=BOX_COLOR,
-                                   linewidth=1.5, linestyle="--"))
+        _word_panel(axes[step + 1], display, (width, height), word, attention[step], smooth,
+                    None if chosen is None else chosen[step], boxes[step] if boxes is not None else ())
     for ax in axes:
         ax.set_axis_off()
         ax.set_xlim(0, width)
         ax.set_ylim(height, 0)
-
-    legend = []
-    if chosen is not None:
-        legend.append(Patch(fill=False, edgecolor=CHOSEN_COLOR, linewidth=2, label="chosen cell (hard attention)"))
-    if boxes is not None:
-        legend.append(Patch(fill=False, edgecolor=BOX_COLOR, linewidth=1.5, linestyle="--", label="ground-truth box"))
-    if legend:
-        figure.legend(handles=legend, loc="outside lower center", ncol=len(legend), frameon=False, fontsize=9)
+    _legend(figure, chosen is not None, boxes is not None)
     if title:
         figure.suptitle(title, fontsize=12, parse_math=False)
-
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(out_path, format="png", bbox_inches="tight", pad_inches=0.1)
     return out_path
+
+
+def _checked_maps(words, attention, chosen, boxes, columns) -> tuple[np.ndarray, np.ndarray | None]:
+    attention = np.asarray(attention, dtype=np.float64)
+    steps = len(words)
+    if attention.ndim != 3 or attention.shape[0] != steps:
+        raise ValueError(f"attention must be (T, gh, gw) with T = {steps} words, got shape {attention.shape}")
+    chosen = None if chosen is None else np.asarray(chosen)
+    if chosen is not None and chosen.shape != attention.shape:
+        raise ValueError(f"chosen must have the shape of attention {attention.shape}, got {chosen.shape}")
+    if boxes is not None and len(boxes) != steps:
+        raise ValueError(f"boxes must hold one list of boxes per word ({steps}), got {len(boxes)}")
+    if columns < 1:
+        raise ValueError(f"columns must be at least 1, got {columns}")
+    return attention, chosen
+
+
+def attention_overlay(display: np.ndarray, attention_map: np.ndarray, smooth: bool = True) -> np.ndarray:
+    """``display`` (H, W, 3) in [0, 1] dimmed to :data:`DIMMED_BRIGHTNESS` where the map is zero and at full
+    brightness where it peaks (the map scaled to its own maximum): one word's panel."""
+    weights = upsample_attention(attention_map, display.shape[:2], smooth)
+    peak = weights.max()
+    scaled = weights / peak if peak > 0 else weights
+    return display * (DIMMED_BRIGHTNESS + (1.0 - DIMMED_BRIGHTNESS) * scaled)[..., None]
+
+
+def _word_panel(ax, display: np.ndarray, size: tuple[int, int], word: str, attention_map: np.ndarray, smooth: bool,
+                chosen_map: np.ndarray | None, boxes: Sequence[Box]) -> None:
+    """One word's panel: the overlay, the word as title, hard attention's chosen cell, ground-truth boxes."""
+    (width, height), (grid_height, grid_width) = size, attention_map.shape
+    cell_height, cell_width = height / grid_height, width / grid_width
+    ax.imshow(attention_overlay(display, attention_map, smooth), extent=(0, width, height, 0), interpolation="antialiased")
+    ax.set_title(str(word), fontsize=11, parse_math=False)
+    if chosen_map is not None and np.any(chosen_map):
+        row, column = np.unravel_index(np.argmax(chosen_map), chosen_map.shape)
+        ax.add_patch(Rectangle((column * cell_width, row * cell_height), cell_width, cell_height,
+                               fill=False, edgecolor=CHOSEN_COLOR, linewidth=2))
+    for x, y, box_width, box_height in boxes:
+        ax.add_patch(Rectangle((x, y), box_width, box_height, fill=False, edgecolor=BOX_COLOR,
+                               linewidth=1.5, linestyle="--"))
+
+
+def _legend(figure: Figure, chosen: bool, boxes: bool) -> None:
+    legend = []
+    if chosen:
+        legend.append(Patch(fill=False, edgecolor=CHOSEN_COLOR, linewidth=2, label="chosen cell (hard attention)"))
+    if boxes:
+        legend.append(Patch(fill=False, edgecolor=BOX_COLOR, linewidth=1.5, linestyle="--", label="ground-truth box"))
+    if legend:
+        figure.legend(handles=legend, loc="outside lower center", ncol=len(legend), frameon=False, fontsize=9)
 
 
 def _axis_operator(cells: int, pixels: int, smooth: bool) -> np.ndarray:

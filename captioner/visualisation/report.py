@@ -16,18 +16,16 @@ import json
 from pathlib import Path
 
 import numpy as np
-import torch
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from captioner.data.images import load_image
+from captioner.checkpoint import load_checkpoint, load_model
+from captioner.decoding.search import DecodeConfig
 from captioner.errors import CaptionerError
 from captioner.evaluation.attention_stats import attention_statistics
 from captioner.evaluation.evaluate import evaluate_checkpoint, split_dataset
 from captioner.evaluation.generate import generate_captions
-from captioner.inference import attention_maps, caption_files
-from captioner.training.checkpoint import load_checkpoint, load_model
-from captioner.visualisation.attention_figure import draw_attention_figure
+from captioner.inference import attend_file
 
 TABLE_COLUMNS = ("BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "METEOR", "ROUGE-L", "CIDEr", "object_precision",
                  "relation_accuracy", "pointing_accuracy", "train_seconds", "parameters", "words_per_s")
@@ -47,8 +45,8 @@ def _read_metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def collect_run(run_dir: Path, split: str, beam_size: int, stats_images: int) -> dict:
-    """Everything the report shows about one run."""
+def collect_run(run_dir: Path, split: str, beam_size: int | None, stats_images: int) -> dict:
+    """Everything the report shows about one run; ``beam_size`` None: the run's own ``decode.beam``."""
     checkpoint = _checkpoint_of(run_dir)
     scores_path = run_dir / f"scores_{split}.json"
     scores = (json.loads(scores_path.read_text()) if scores_path.exists()
@@ -56,15 +54,16 @@ def collect_run(run_dir: Path, split: str, beam_size: int, stats_images: int) ->
     last = run_dir / "last.pt"   # the whole run's training time, not the time up to the best epoch
     progress = load_checkpoint(last if last.exists() else checkpoint).get("progress", {})
     model, vocab, config, _ = load_model(checkpoint)
+    settings = DecodeConfig.of(config, beam=beam_size)
     metrics = _read_metrics(run_dir)
     val = [m for m in metrics if m.get("type") == "val"]
     dataset = split_dataset(config, split, vocab, model)
-    generations = generate_captions(model, dataset, vocab, beam_size=beam_size,
-                                    max_length=config["decode"]["max_length"], max_images=stats_images)
+    generations = generate_captions(model, dataset, vocab, settings, max_images=stats_images)
     stats = attention_statistics(generations) or {"coverage": []}
+    stats.update({k: v for k, v in (scores.get("attention") or {}).items() if k != "coverage"})  # the whole split's
     return {
         "name": run_dir.name, "dir": run_dir, "checkpoint": checkpoint, "config": config, "model": model,
-        "vocab": vocab, "scores": scores, "metrics": metrics, "stats": stats,
+        "vocab": vocab, "settings": settings, "scores": scores, "metrics": metrics, "stats": stats,
         "train_seconds": progress.get("train_seconds"),
         "parameters": sum(p.numel() for p in model.decoder.parameters()),   # trained weights, buffers excluded
         "words_per_s": next((m["words_per_s"] for m in reversed(val) if m.get("words_per_s")), None),
@@ -126,43 +125,32 @@ def _row(run: dict) -> dict:
             "words_per_s": run["words_per_s"]}
 
 
-def write_report(run_dirs: list[str | Path], out_dir: str | Path, *, split: str = "test", beam_size: int = 3,
-                 images: int = 3, stats_images: int = 200) -> dict:
-    """Write ``report.md``, ``report.html`` and the PNGs into ``out_dir``; returns their paths."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    runs = [collect_run(Path(d), split, beam_size, stats_images) for d in run_dirs]
-    columns = [c for c in TABLE_COLUMNS if any(_row(r).get(c) is not None for r in runs)]
-    pictures = {"curves": learning_curves(runs, out_dir / "learning_curves.png"),
-                "coverage": coverage_histogram(runs, out_dir / "coverage.png")}
-    # The same test images for every run.
-    first = runs[0]
-    records = split_dataset(first["config"], split, first["vocab"], first["model"]).records[:images]
+def example_figures(runs: list[dict], records, out_dir: Path) -> list[dict]:
+    """The same images captioned by every run, each with its attention figure."""
     examples = []
     for record in records:
         row = {"image": record.path, "runs": []}
         for run in runs:
-            (result,) = caption_files(run["model"], run["vocab"], [record.path], beam_size=beam_size,
-                                      max_length=run["config"]["decode"]["max_length"])
-            grid = run["model"].encoder.grid
-            chosen = attention_maps(result.generation, grid, "chosen")
-            figure = draw_attention_figure(load_image(record.path), result.words,
-                                           attention_maps(result.generation, grid).numpy(),
-                                           out_dir / f"attention_{run['name']}_{record.image_id}.png",
-                                           chosen=None if chosen is None else chosen.numpy(),
-                                           title=f"{run['name']}: {result.caption}")
+            figure = out_dir / f"attention_{run['name']}_{record.image_id}.png"
+            result = attend_file(run["model"], run["vocab"], record.path, figure, run["settings"],
+                                 max_pixels=run["config"]["data"]["max_pixels"], title=f"{run['name']}: ")
             row["runs"].append({"name": run["name"], "caption": result.caption, "figure": figure})
         examples.append(row)
+    return examples
 
-    header = "| run | " + " | ".join(columns) + " |"
-    lines = ["# Run comparison", "", f"Split: `{split}`, beam {beam_size}.", "", "## Metrics", "", header,
-             "|" + "---|" * (len(columns) + 1)]
+
+def report_markdown(runs: list[dict], pictures: dict[str, Path], examples: list[dict], split: str,
+                    stats_images: int) -> str:
+    columns = [c for c in TABLE_COLUMNS if any(_row(r).get(c) is not None for r in runs)]
+    beams = sorted({r["settings"].beam for r in runs})
+    lines = ["# Run comparison", "", f"Split: `{split}`, beam {', '.join(map(str, beams))}.", "", "## Metrics", "",
+             "| run | " + " | ".join(columns) + " |", "|" + "---|" * (len(columns) + 1)]
     lines += ["| " + run["name"] + " | " + " | ".join(_cell(_row(run).get(c)) for c in columns) + " |" for run in runs]
     lines += ["", "## Learning curves", "", f"![learning curves]({pictures['curves'].name})", "",
               "## Attention statistics", "",
-              f"Over the first {stats_images} images' captions: the entropy of each word's map (uniform: log L), its "
-              "largest weight as a multiple of a uniform map's 1/L, and per caption the largest sum over words of "
-              "one region's weight.", "",
+              "Over the split's captions (the histogram: the first " f"{stats_images} images'): the entropy of each "
+              "word's map (uniform: log L), its largest weight as a multiple of a uniform map's 1/L, and per caption "
+              "the largest sum over words of one region's weight.", "",
               "| run | regions L | mean entropy (nats) | uniform entropy | peak / uniform | max coverage per caption |",
               "|---|---|---|---|---|---|"]
     lines += [f"| {r['name']} | {_cell(r['stats'].get('regions'))} | {_cell(r['stats'].get('mean_entropy'))} | "
@@ -170,11 +158,24 @@ def write_report(run_dirs: list[str | Path], out_dir: str | Path, *, split: str 
               f"{_cell(r['stats'].get('mean_max_coverage'))} |" for r in runs]
     lines += ["", f"![coverage]({pictures['coverage'].name})", "", "## Same images, every run", ""]
     for example in examples:
-        lines.append(f"### {Path(example['image']).name}")
-        lines.append("")
+        lines += [f"### {Path(example['image']).name}", ""]
         for item in example["runs"]:
             lines += [f"**{item['name']}**: {item['caption']}", "", f"![{item['name']}]({item['figure'].name})", ""]
-    markdown = "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n"
+
+
+def write_report(run_dirs: list[str | Path], out_dir: str | Path, *, split: str = "test", beam_size: int | None = None,
+                 images: int = 3, stats_images: int = 200) -> dict:
+    """Write ``report.md``, ``report.html`` and the PNGs into ``out_dir``; returns their paths.
+    ``beam_size`` None: each run decodes with its own ``decode.beam``."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    runs = [collect_run(Path(d), split, beam_size, stats_images) for d in run_dirs]
+    pictures = {"curves": learning_curves(runs, out_dir / "learning_curves.png"),
+                "coverage": coverage_histogram(runs, out_dir / "coverage.png")}
+    first = runs[0]
+    records = split_dataset(first["config"], split, first["vocab"], first["model"]).records[:images]
+    markdown = report_markdown(runs, pictures, example_figures(runs, records, out_dir), split, stats_images)
     (out_dir / "report.md").write_text(markdown)
     (out_dir / "report.html").write_text(_html(markdown, out_dir))
     return {"markdown": str(out_dir / "report.md"), "html": str(out_dir / "report.html"),

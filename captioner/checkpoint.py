@@ -1,23 +1,31 @@
-"""Checkpoints: one dict per file, written atomically, read back with ``torch.load(weights_only=True)``.
+"""Checkpoints: one dict per file, written atomically, read back with ``torch.load(weights_only=True)``,
+and the models they hold. Training writes them; evaluation, the CLI, the demo, reports and the server
+read them, so this module belongs to no single layer.
 
-A checkpoint holds ``model``, ``optimizer``, ``scheduler`` (state dicts), ``epoch``, ``step``,
-``batch_in_epoch``, ``rng``, ``vocab`` (the word list), ``config`` (the resolved config) and ``best``
-(the best validation score so far). Only tensors and plain Python data go in, so the safe unpickler
-loads it and a crafted file cannot run code.
+A checkpoint holds ``model``, ``optimizer``, ``scheduler`` and ``loss`` (state dicts), ``progress`` (epoch,
+step, best score, ...), ``rng``, ``vocab`` (the word list) and ``config`` (the resolved config). Only
+tensors and plain Python data go in, so the safe unpickler loads it and a crafted file cannot run code.
+Checkpoints written before the loss had a state of its own carry the REINFORCE baseline as
+``decoder.reward_baseline`` / ``decoder.baseline_updates`` in ``model``: :func:`model_and_loss_states`
+separates them.
 """
 
 from __future__ import annotations
 
 import pickle
 import re
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
-from captioner.config import with_defaults
+from captioner.config import apply_overrides, complete
 from captioner.data.vocabulary import Vocabulary
 from captioner.errors import CaptionerError
+from captioner.models.captioner import Captioner, build_model
 from captioner.utils import atomic_write
+
+LEGACY_LOSS_STATE = {"decoder.reward_baseline": "baseline", "decoder.baseline_updates": "baseline_updates"}
 
 
 def save_checkpoint(payload: dict, path: str | Path) -> None:
@@ -47,25 +55,39 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     return payload
 
 
-def load_model(path: str | Path, device: str | torch.device = "cpu"):
-    """``(model, vocab, config, payload)`` from a checkpoint, the model in eval mode on ``device``."""
-    from captioner.models.captioner import build_model
+def model_and_loss_states(payload: dict) -> tuple[dict, dict]:
+    """The model's and the loss's state dicts of a checkpoint, older layouts included."""
+    model_state = dict(payload["model"])
+    loss_state = dict(payload.get("loss") or {})
+    for old, new in LEGACY_LOSS_STATE.items():
+        if old in model_state:
+            loss_state.setdefault(new, model_state.pop(old))
+    return model_state, loss_state
 
+
+def load_model(path: str | Path, device: str | torch.device = "cpu", overrides: Sequence[str] = ()
+               ) -> tuple[Captioner, Vocabulary, dict, dict]:
+    """``(model, vocab, config, payload)`` from a checkpoint, the model in eval mode on ``device``.
+
+    ``config`` is the checkpoint's, completed with today's defaults, with ``overrides`` (``section.key=value``)
+    applied and checked like any command's: decoding and data settings change freely; a model or encoder
+    setting must still fit the weights."""
     payload = load_checkpoint(path, map_location=device)
     vocab = Vocabulary.from_dict(payload["vocab"])
-    config = with_defaults(payload["config"])
+    config = apply_overrides(complete(payload["config"]), overrides)
     try:
         model = build_model(config, len(vocab), pretrained=False)
-    except (ValueError, KeyError, TypeError) as err:
+    except (ValueError, KeyError, TypeError, CaptionerError) as err:
         raise CaptionerError(f"{path}: its config cannot be built by this version ({err})") from None
+    model_state, _ = model_and_loss_states(payload)
     expected = model.state_dict()
-    for name, tensor in payload["model"].items():
+    for name, tensor in model_state.items():
         shape = expected.get(name, tensor).shape
         if tensor.shape != shape and len(vocab) in shape:
             raise CaptionerError(f"{path}: its vocabulary of {len(vocab)} words does not match its weights "
                                  f"({name} is {tuple(tensor.shape)}, not {tuple(shape)})")
     try:
-        model.load_state_dict(payload["model"])
+        model.load_state_dict(model_state)
     except RuntimeError as err:
         detail = str(err).splitlines()[0]
         raise CaptionerError(f"{path}: weights do not fit the architecture its config describes ({detail})") from None

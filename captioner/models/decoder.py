@@ -1,0 +1,66 @@
+"""The contract every decoder keeps: a teacher-forced pass for training and a two-method decode-step
+interface that the one search implementation (:mod:`captioner.decoding.search`) drives.
+
+A decoder is an ``nn.Module`` with
+
+* ``forward(regions, captions) -> TeacherForced``: ``regions`` (B, L, D), ``captions`` (B, T+1) =
+  ``<start> w_1 .. <end> <pad>..``; the output predicts ``captions[:, 1:]``;
+* ``init_state(regions) -> state``: the decode state of B images, a dict of tensors whose first dimension
+  is the batch (a search reorders or repeats rows with ``index_select(0, ...)``);
+* ``step(tokens, state) -> (log_probs, state, attention)``: one word for N rows: ``tokens`` (N,) the previous
+  words, ``log_probs`` (N, V) float32 for the next, the new state, and the word's attention maps
+  ``{"alpha": (N, L)}`` (plus ``"chosen"`` (N, L) one-hot for hard attention; ``{}`` for none);
+* ``fixed_state``: the names of state entries that depend on the image alone (the regions and their
+  projections); a search repeats them once per beam or sample and never reorders or copies them again;
+* ``objective``: which training loss fits it: ``"likelihood"`` (cross-entropy, plus the attention
+  regulariser) or ``"hard_attention"`` (the variational bound trained by REINFORCE,
+  :class:`captioner.training.losses.HardAttentionLoss`).
+
+:class:`CaptionDecoder` states it as a ``typing.Protocol``; ``isinstance`` checks it at run time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import torch
+
+OBJECTIVES = ("likelihood", "hard_attention")
+
+
+@dataclass
+class TeacherForced:
+    """A teacher-forced pass over B' captions of T steps.
+
+    ``logits`` (B', T, V) predict the caption's next words (meaningless at padding positions); ``alpha``
+    (B', T, L) the attention of each step (rows sum to 1 at real steps, zero at padding; None without
+    attention). B' = B, except in hard-attention training with M location samples per caption (B' = B * M,
+    each caption repeated M times in a row: ``repeats`` = M). Hard-attention training also fills
+    ``log_prob_location`` and ``entropy`` (B', T) (``log alpha`` of the sampled location and the entropy of
+    ``alpha``, zero at padding) and ``expectation_rows`` (B',) bool (rows that used ``alpha`` itself).
+    ``alpha_heads`` (B', heads, T, L): the Transformer's per-head maps, when asked for.
+    """
+
+    logits: torch.Tensor
+    alpha: torch.Tensor | None = None
+    repeats: int = 1
+    log_prob_location: torch.Tensor | None = None
+    entropy: torch.Tensor | None = None
+    expectation_rows: torch.Tensor | None = None
+    alpha_heads: torch.Tensor | None = None
+
+
+@runtime_checkable
+class CaptionDecoder(Protocol):
+    """What training, every search and evaluation rely on (see the module docstring)."""
+
+    fixed_state: tuple[str, ...]
+    objective: str
+
+    def forward(self, regions: torch.Tensor, captions: torch.Tensor) -> TeacherForced: ...
+
+    def init_state(self, regions: torch.Tensor) -> dict[str, torch.Tensor]: ...
+
+    def step(self, tokens: torch.Tensor, state: dict[str, torch.Tensor]
+             ) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, torch.Tensor]]: ...

@@ -1,0 +1,66 @@
+"""What a training run writes and listens to besides its checkpoints: the metrics log (``metrics.jsonl``,
+mirrored to wandb) and the stop signals (SIGINT, SIGTERM) that end it with a resumable checkpoint."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+class MetricsLogger:
+    """Appends one JSON object per record to ``metrics.jsonl`` and mirrors it to wandb when enabled;
+    silent where ``enabled`` is false (ranks other than 0)."""
+
+    def __init__(self, run_dir: Path, config: dict, wandb_mode: str, enabled: bool = True):
+        self.path = run_dir / "metrics.jsonl"
+        self.enabled = enabled
+        self.wandb = None
+        if enabled and wandb_mode != "disabled":
+            import wandb  # imported only when used: it takes seconds and starts background threads
+
+            os.environ.setdefault("WANDB_SILENT", "true")
+            self.wandb = wandb.init(project="captioner", dir=str(run_dir), config=config, mode=wandb_mode,
+                                    name=run_dir.name, reinit="finish_previous")
+
+    def log(self, record: dict) -> None:
+        if not self.enabled:
+            return
+        with self.path.open("a") as handle:
+            handle.write(json.dumps(record) + "\n")
+        if self.wandb is not None:
+            self.wandb.log({k: v for k, v in record.items() if isinstance(v, (int, float))}, step=record.get("step"))
+
+    def close(self) -> None:
+        if self.wandb is not None:
+            self.wandb.finish()
+
+
+class GracefulStop:
+    """Turns SIGINT/SIGTERM into a flag the loop checks between steps, so a checkpoint can be saved."""
+
+    def __init__(self):
+        self.requested = False
+        self._previous = {}
+
+    def __enter__(self):
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                self._previous[sig] = signal.signal(sig, self._handle)
+            except ValueError:  # not the main thread: leave signals alone
+                pass
+        return self
+
+    def _handle(self, signum, frame):
+        if self.requested:  # a second signal: stop at once
+            raise KeyboardInterrupt
+        self.requested = True
+        log.warning("stop requested (%s): saving a resumable checkpoint after this step", signal.Signals(signum).name)
+
+    def __exit__(self, *exc):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
