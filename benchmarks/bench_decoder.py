@@ -19,8 +19,7 @@ import time
 
 import torch
 from common import (
-    END,
-    START,
+    RULES,
     VOCAB,
     add_arguments,
     matmul_peak_gflops,
@@ -64,10 +63,10 @@ def bench_training(decoder: LSTMDecoder, steps: int, batch: int = 32) -> dict:
 def bench_beam(decoder: LSTMDecoder, beam: int, batch: int, images: int) -> float:
     decoder.eval()
     features = torch.randn(images, 196, decoder.config.region_dim)
-    beam_search(decoder, features[:batch], beam_size=beam, max_length=20, start_index=START, end_index=END)
+    beam_search(decoder, features[:batch], beam_size=beam, max_length=20, rules=RULES)
     started = time.perf_counter()
     for i in range(0, images, batch):
-        beam_search(decoder, features[i : i + batch], beam_size=beam, max_length=20, start_index=START, end_index=END)
+        beam_search(decoder, features[i : i + batch], beam_size=beam, max_length=20, rules=RULES)
     return round(images / (time.perf_counter() - started), 2)
 
 

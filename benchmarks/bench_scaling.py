@@ -21,7 +21,7 @@ import statistics
 import time
 
 import torch
-from common import END, START, VOCAB, PeakMemory, add_arguments, random_captions, setup
+from common import END, RULES, START, VOCAB, PeakMemory, add_arguments, random_captions, setup
 
 from captioner.config import load_config
 from captioner.decoding.search import beam_search
@@ -123,13 +123,12 @@ def beam_by_size(device, beams: list[int], batches: list[int], images: int) -> d
     result = {}
     for beam in beams:
         for batch in batches:
-            beam_search(decoder, features[:batch], beam_size=beam, max_length=20, start_index=START, end_index=END)
+            beam_search(decoder, features[:batch], beam_size=beam, max_length=20, rules=RULES)
             with Memory(device) as memory:
                 synchronise(device)
                 started = time.perf_counter()
                 for i in range(0, images, batch):
-                    beam_search(decoder, features[i : i + batch], beam_size=beam, max_length=20, start_index=START,
-                                end_index=END)
+                    beam_search(decoder, features[i : i + batch], beam_size=beam, max_length=20, rules=RULES)
                 synchronise(device)
             result[f"k={beam} B={batch}"] = {"images_per_s": round(images / (time.perf_counter() - started), 2),
                                              "peak_memory_mb": memory.mb}

@@ -24,7 +24,7 @@ from types import SimpleNamespace
 import torch
 from common import (
     END,
-    START,
+    RULES,
     VOCAB,
     add_arguments,
     random_captions,
@@ -66,7 +66,7 @@ def bench_training(decoder: TransformerDecoder, device: torch.device, steps: int
 
 def bench_beam(decoder, features: torch.Tensor, batch: int, beam: int = 3, length: int = 20) -> tuple[float, list]:
     """Images/s of beam search over ``features`` in batches, and the captions it found."""
-    search = partial(beam_search, decoder, beam_size=beam, max_length=length, start_index=START, end_index=END)
+    search = partial(beam_search, decoder, beam_size=beam, max_length=length, rules=RULES)
     search(features[:2])  # warm-up
     synchronise(features.device)
     started = time.perf_counter()

@@ -11,9 +11,11 @@ from pathlib import Path
 
 import torch
 
+from captioner.decoding.search import TokenRules
 from captioner.training.losses import caption_loss
 
 START, END = 1, 2
+RULES = TokenRules(START, END)    # no <unk> suppression: random captions have no <unk> anyway
 VOCAB = 10_000
 
 

@@ -21,6 +21,7 @@ import torch
 
 from captioner.config import apply_overrides, complete
 from captioner.data.vocabulary import Vocabulary
+from captioner.decoding.ensemble import ensemble_of
 from captioner.errors import CaptionerError
 from captioner.models.captioner import Captioner, build_model
 from captioner.utils import atomic_write
@@ -92,3 +93,16 @@ def load_model(path: str | Path, device: str | torch.device = "cpu", overrides: 
         detail = str(err).splitlines()[0]
         raise CaptionerError(f"{path}: weights do not fit the architecture its config describes ({detail})") from None
     return model.to(device).eval(), vocab, config, payload
+
+
+def load_models(paths: str | Path | Sequence[str | Path], device: str | torch.device = "cpu", overrides: Sequence[str] = ()
+                ) -> tuple[Captioner, Vocabulary, dict]:
+    """``(model, vocab, config)`` of one checkpoint, or of several decoded together: then ``model`` holds the
+    first checkpoint's encoder and an :class:`~captioner.decoding.ensemble.EnsembleDecoder` of every decoder, and
+    ``config`` is the first checkpoint's (the data and decoding settings the ensemble uses)."""
+    paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
+    loaded = [load_model(path, device, overrides) for path in paths]
+    decoder, vocab = ensemble_of([m for m, *_ in loaded], [v for _, v, *_ in loaded], [c for _, _, c, _ in loaded],
+                                 [str(p) for p in paths])
+    first, _, config, _ = loaded[0]
+    return (first if len(loaded) == 1 else Captioner(first.encoder, decoder).eval()), vocab, config

@@ -85,8 +85,9 @@ def _split_overrides(args) -> list[str]:
 def _cmd_evaluate(args) -> int:
     from captioner.evaluation.evaluate import evaluate_checkpoint
 
-    scores = evaluate_checkpoint(args.checkpoint, args.split, beam_size=args.beam, out_dir=args.out,
-                                 overrides=_split_overrides(args), device=args.device, spice=args.spice)
+    scores = evaluate_checkpoint(args.checkpoints, args.split, beam_size=args.beam, out_dir=args.out,
+                                 overrides=_split_overrides(args), device=args.device, spice=args.spice,
+                                 n_best=args.n_best)
     print(json.dumps(scores, indent=2))
     return 0
 
@@ -102,17 +103,19 @@ def _cmd_ground(args) -> int:
 
 
 def _load(args):
-    """``(model, vocab, config, decode settings, pixel limit)`` of ``--checkpoint`` with the overrides."""
-    from captioner.checkpoint import load_model
+    """``(model, vocab, decode settings, pixel limit)`` of ``--checkpoint`` (several: an ensemble) with the
+    overrides."""
+    from captioner.checkpoint import load_models
     from captioner.decoding.search import DecodeConfig
     from captioner.utils import resolve_device
 
-    model, vocab, config, _ = load_model(args.checkpoint, resolve_device(args.device), args.overrides)
-    return model, vocab, DecodeConfig.of(config, beam=args.beam), args.max_pixels or config["data"]["max_pixels"]
+    model, vocab, config = load_models(args.checkpoint, resolve_device(args.device), args.overrides)
+    settings = DecodeConfig.of(config, beam=args.beam, n_best=getattr(args, "n_best", None))
+    return model, vocab, settings, args.max_pixels or config["data"]["max_pixels"]
 
 
 def _cmd_caption(args) -> int:
-    from captioner.inference import caption_files
+    from captioner.inference import caption_files, caption_json
 
     model, vocab, settings, max_pixels = _load(args)
     results = caption_files(model, vocab, args.images, settings, max_pixels=max_pixels)
@@ -120,10 +123,11 @@ def _cmd_caption(args) -> int:
         if result.error:
             print(f"captioner: error: {result.error}", file=sys.stderr)
         elif args.json:
-            print(json.dumps({"image": str(result.path), "caption": result.caption,
-                              "log_prob": round(result.generation.log_prob, 4)}))
+            print(json.dumps(caption_json(result, vocab, model.encoder.grid)))
         else:
             print(f"{result.path}: {result.caption}")
+            for beam in result.generation.beams[1:]:
+                print(f"    {beam.log_prob:9.3f}  {vocab.decode(beam.tokens)}")
     return 1 if any(r.error for r in results) else 0
 
 
@@ -197,12 +201,15 @@ def build_parser() -> argparse.ArgumentParser:
                        "instead of skipping it (data.strict)")
     train.set_defaults(func=_cmd_train)
 
-    evaluate = sub.add_parser("evaluate", help="score a checkpoint on a split (BLEU, METEOR, ROUGE-L, CIDEr)")
-    evaluate.add_argument("checkpoint")
+    evaluate = sub.add_parser("evaluate", help="score a checkpoint (several: an ensemble) on a split (BLEU, METEOR, "
+                              "ROUGE-L, CIDEr, diversity, attention)")
+    evaluate.add_argument("checkpoints", nargs="+", metavar="checkpoint")
     evaluate.add_argument("overrides", nargs="*", metavar="section.key=value",
                           help="overrides of the checkpoint's config, e.g. data.features=null")
     evaluate.add_argument("--split", default="test")
     evaluate.add_argument("--beam", type=int, default=None, help="beam size (default: the config's decode.beam)")
+    evaluate.add_argument("--n-best", type=int, default=None, help="also write the N best captions of every image "
+                          "with their log-probabilities (nbest_SPLIT.json)")
     evaluate.add_argument("--out", help="folder for captions_SPLIT.json and scores_SPLIT.json")
     evaluate.add_argument("--spice", action="store_true", help="also SPICE (needs Stanford CoreNLP)")
     evaluate.add_argument("--device", default="auto")
@@ -222,11 +229,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     caption = sub.add_parser("caption", help="caption image files")
     caption.add_argument("images", nargs="+")
-    caption.add_argument("--checkpoint", required=True)
+    caption.add_argument("--checkpoint", required=True, action="append",
+                         help="a trained checkpoint; give it several times for an ensemble (one vocabulary and encoder)")
     caption.add_argument("overrides", nargs="*", metavar="section.key=value",
                          help="overrides of the checkpoint's config, e.g. decode.max_length=16")
     caption.add_argument("--beam", type=int, default=None, help="beam size (default: the config's decode.beam)")
-    caption.add_argument("--json", action="store_true", help="one JSON object per line")
+    caption.add_argument("--n-best", type=int, default=None, help="the N best captions of each image, with their "
+                         "log-probabilities (default: the config's decode.n_best, 1)")
+    caption.add_argument("--json", action="store_true", help="one JSON object per line (with per-word attention)")
     caption.add_argument("--device", default="auto")
     caption.add_argument("--max-pixels", type=int, default=None, help="refuse larger images before decoding them "
                        "(default: the checkpoint's data.max_pixels, 64 megapixels)")

@@ -45,7 +45,8 @@ def caption_files(model, vocab: Vocabulary, paths: Sequence[str | Path], setting
         for start in range(0, len(readable), batch_size):
             chunk = readable[start : start + batch_size]
             images = torch.stack([x for _, x in chunk]).to(model.device)
-            generations = decode(model.decoder, model.regions(images=images), vocab, settings)
+            generations = decode(model.decoder, model.regions(images=images), vocab, settings,
+                                 images=[str(result.path) for result, _ in chunk])
             for (result, _), generation in zip(chunk, generations):
                 result.generation = generation
                 result.words = [vocab.words[i] for i in generation.tokens]
@@ -57,6 +58,17 @@ def attention_maps(generation: Generation, grid: tuple[int, int], name: str = "a
     """The per-word maps ``name`` of a generation as ``(T, gh, gw)`` (None when the decoder has none)."""
     maps = generation.attention.get(name)
     return None if maps is None else maps.reshape(-1, *grid)
+
+
+def caption_json(result: CaptionResult, vocab: Vocabulary, grid: tuple[int, int], digits: int = 5) -> dict:
+    """One captioned file as plain data: the caption, its words and log-probability, each word's attention
+    maps as ``gh x gw`` nested lists (``"alpha"``; ``"chosen"`` for hard attention), and the n best captions."""
+    generation = result.generation
+    maps = {name: [[[round(v, digits) for v in row] for row in word] for word in attention_maps(generation, grid, name).tolist()]
+            for name in generation.attention}
+    return {"image": str(result.path), "caption": result.caption, "words": result.words,
+            "log_prob": round(generation.log_prob, 4), "grid": list(grid), "attention": maps,
+            "beams": [{"caption": vocab.decode(b.tokens), "log_prob": round(b.log_prob, 4)} for b in generation.beams]}
 
 
 def attend_file(model, vocab: Vocabulary, image: str | Path, out: str | Path, settings: DecodeConfig, *,

@@ -10,7 +10,7 @@ from torch import nn
 
 from captioner.checkpoint import load_model
 from captioner.config import config_reference, load_config
-from captioner.decoding.search import beam_search, greedy
+from captioner.decoding.search import TokenRules, beam_search, greedy
 from captioner.evaluation.evaluate import evaluate_checkpoint
 from captioner.models import captioner as registry
 from captioner.models.decoder import CaptionDecoder, TeacherForced
@@ -57,8 +57,11 @@ class GatedBagDecoder(nn.Module):
         return {"regions": regions}
 
     def step(self, tokens: torch.Tensor, state: dict[str, torch.Tensor]):
-        logits, alpha = self.attend(state["regions"], self.embedding(tokens)[:, None])
-        return torch.log_softmax(logits[:, 0].float(), dim=-1), state, {"alpha": alpha[:, 0]}
+        """N = B * k hypotheses over B images' regions: each image's k rows are k independent positions."""
+        regions = state["regions"]
+        words = self.embedding(tokens).view(regions.shape[0], -1, self.config.hidden)      # (B, k, H)
+        logits, alpha = self.attend(regions, words)
+        return torch.log_softmax(logits.flatten(0, 1).float(), dim=-1), state, {"alpha": alpha.flatten(0, 1)}
 
 
 def test_every_decoder_keeps_the_contract():
@@ -83,7 +86,7 @@ def test_a_decoder_added_by_the_documented_steps_trains_decodes_and_is_evaluated
     assert isinstance(model.decoder, GatedBagDecoder) and model.decoder.config.hidden == 12
 
     features = model.encoder(torch.rand(3, 3, 32, 32))
-    indices = {"start_index": vocab.start_index, "end_index": vocab.end_index, "max_length": 6}
+    indices = {"rules": TokenRules(vocab.start_index, vocab.end_index), "max_length": 6}
     single = beam_search(model.decoder, features, beam_size=1, **indices)
     assert [g.tokens for g in single] == [g.tokens for g in greedy(model.decoder, features, **indices)]
     for generation in beam_search(model.decoder, features, beam_size=3, **indices):

@@ -4,11 +4,12 @@ import pytest
 import torch
 
 from captioner.config import defaults
-from captioner.decoding.search import beam_search, greedy
+from captioner.decoding.search import TokenRules, beam_search, greedy
 from captioner.models.lstm_decoder import LSTMDecoder, LSTMDecoderConfig
 from captioner.training.losses import HardAttentionLoss
 
 START, END = 1, 2
+RULES = TokenRules(START, END)
 
 
 def make_hard(**kw) -> LSTMDecoder:
@@ -186,8 +187,8 @@ def test_reinforce_learns_to_attend_to_the_informative_region():
 def test_argmax_decoding_gives_one_hot_per_word_and_beam_one_equals_greedy():
     decoder = make_hard().eval()
     features = torch.randn(4, 6, 6)
-    generations = greedy(decoder, features, max_length=6, start_index=START, end_index=END)
-    beams = beam_search(decoder, features, beam_size=1, max_length=6, start_index=START, end_index=END)
+    generations = greedy(decoder, features, max_length=6, rules=RULES)
+    beams = beam_search(decoder, features, beam_size=1, max_length=6, rules=RULES)
     for g, b in zip(generations, beams):
         chosen = g.attention["chosen"]
         assert chosen.shape == (len(g.tokens), 6)

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from captioner.decoding.search import beam_search, greedy, select_state
+from captioner.decoding.search import TokenRules, beam_search, greedy, select_state
 from captioner.models.transformer_decoder import (
     TransformerDecoder,
     TransformerDecoderConfig,
@@ -14,6 +14,7 @@ from captioner.models.transformer_decoder import (
 from tests.conftest import memorise
 
 START, END = 1, 2
+RULES = TokenRules(START, END)
 VOCAB, DIM, GRID = 30, 12, (2, 3)
 
 
@@ -103,8 +104,8 @@ def test_searches_with_and_without_cache_agree():
     decoder = make_decoder()
     features = torch.randn(3, 6, DIM)
     for search in (partial(greedy), partial(beam_search, beam_size=3)):
-        cached = search(decoder, features, max_length=8, start_index=START, end_index=END)
-        uncached = search(without_cache(decoder), features, max_length=8, start_index=START, end_index=END)
+        cached = search(decoder, features, max_length=8, rules=RULES)
+        uncached = search(without_cache(decoder), features, max_length=8, rules=RULES)
         for a, b in zip(cached, uncached):
             assert_same_generation(a, b)
 
@@ -112,7 +113,7 @@ def test_searches_with_and_without_cache_agree():
 def test_beam_of_one_is_greedy_and_batch_equals_single_images():
     decoder = make_decoder()
     features = torch.randn(4, 6, DIM)
-    kw = dict(max_length=8, start_index=START, end_index=END)
+    kw = dict(max_length=8, rules=RULES)
     greedy_out = greedy(decoder, features, **kw)
     for a, b in zip(greedy_out, beam_search(decoder, features, beam_size=1, **kw)):
         assert a.tokens == b.tokens and a.log_prob == pytest.approx(b.log_prob, abs=1e-5)
@@ -142,7 +143,7 @@ def test_memorises_four_captions_and_greedy_reproduces_them():
     captions = captions_with_lengths([3, 4, 2, 4], generator)
     assert memorise(decoder, features, captions, lr=3e-3) < 0.02
     decoder.eval()
-    generated = greedy(decoder, features, max_length=8, start_index=START, end_index=END)
+    generated = greedy(decoder, features, max_length=8, rules=RULES)
     assert [g.tokens for g in generated] == [row[1 : row.tolist().index(END)].tolist() for row in captions]
 
 

@@ -1,31 +1,48 @@
-"""Greedy decoding, sampling and batched beam search: one implementation for every decoder.
+"""Greedy decoding, sampling and batched beam search (plain, diverse, n-best): one implementation for
+every decoder.
 
 A decoder plugs in through the two-method decode-step interface of :mod:`captioner.models.decoder`
 (``init_state``, ``step``) and names its ``fixed_state``: the state entries that depend on the image alone
-(its regions and their projections) and that ``step`` passes on unchanged. :func:`decode` runs the search
-the ``decode`` section of a config asks for (:class:`DecodeConfig`).
+(its regions and their projections). Those keep one row per image for the whole search: a search with k
+hypotheses (beams or samples) per image repeats only the other entries k times, and the decoder broadcasts
+its fixed state over each image's k adjacent rows. :func:`decode` runs the search the ``decode`` section of a
+config asks for (:class:`DecodeConfig`); :class:`TokenRules` say which words may come at a step.
 
-Searches reorder the state with :func:`select_state` and return one :class:`Generation` per image. Beam
-search repeats every entry once per beam at the start; since a beam never moves to another image, the
-``fixed_state`` entries then stay where they are (at the paper's sizes they are most of the state: not
-copying them at every word makes a k = 3 search of 32 images 1.4 times as fast on a CPU).
+Searches return one :class:`Generation` per image; :func:`sample_captions` returns the raw tensors (with
+their gradient, for self-critical training).
 """
 
 from __future__ import annotations
 
+import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 
 import torch
+
+from captioner.errors import CaptionerError
+
+NEG_INF = float("-inf")
 
 
 @dataclass
 class DecodeConfig:
     """The ``decode`` section of a config: how captions are generated."""
 
+    method: str = "beam"            # beam (beam = 1: greedy) | sample
     beam: int = 3                   # beam size for evaluate, caption, attend and reports (1 = greedy)
     max_length: int = 20            # most words a generated caption may have
+    min_length: int = 0             # no <end> before this many words
     length_penalty: float = 0.0     # score / length**alpha when choosing among finished beams
-    temperature: float = 1.0        # softmax temperature when sampling
+    suppress_unk: bool = True       # <unk> is never emitted (<pad> and <start> never are)
+    block_ngram: int = 0            # no n-gram of this size twice in one caption; 0 = off (3 is usual)
+    beam_groups: int = 1            # diverse beam search: the beams split into this many groups
+    diversity: float = 0.5          # diverse beam search: penalty per earlier group that chose the same word at a step
+    n_best: int = 1                 # finished beams kept per image (Generation.beams), best first
+    temperature: float = 1.0        # sampling: softmax temperature
+    top_k: int = 0                  # sampling: only the k most likely words; 0 = all
+    top_p: float = 1.0              # sampling: only the most likely words whose probabilities sum to p (nucleus)
+    seed: int = 0                   # sampling: with the image's identity, seeds its draws (same captions batched or not)
 
     @classmethod
     def of(cls, config: dict, **changes) -> "DecodeConfig":
@@ -34,22 +51,84 @@ class DecodeConfig:
         settings = {k: v for k, v in config["decode"].items() if k in known}
         return cls(**{**settings, **{k: v for k, v in changes.items() if v is not None}})
 
+    def check(self) -> None:
+        if self.method not in ("beam", "sample"):
+            raise CaptionerError(f"decode.method must be beam or sample, not {self.method!r}")
+        if self.beam < 1 or self.beam % self.beam_groups:
+            raise CaptionerError(f"decode.beam ({self.beam}) must be a positive multiple of decode.beam_groups "
+                             f"({self.beam_groups})")
+        if not 1 <= self.n_best <= self.beam:
+            raise CaptionerError(f"decode.n_best ({self.n_best}) must be between 1 and decode.beam ({self.beam})")
+        if self.method == "sample" and (self.temperature <= 0 or not 0 < self.top_p <= 1 or self.top_k < 0):
+            raise CaptionerError("sampling needs decode.temperature > 0, 0 < decode.top_p <= 1 and decode.top_k >= 0")
+
 
 @dataclass
 class Generation:
     """A decoded caption: word ``tokens`` (without ``<start>``, up to and excluding ``<end>``), its total
-    ``log_prob`` (``<end>`` included), and ``attention[name]`` (len(tokens), L) for each emitted word."""
+    ``log_prob`` (``<end>`` included), ``attention[name]`` (len(tokens), L) for each emitted word, and with
+    ``n_best > 1`` the n best finished hypotheses ``beams``, best first (``beams[0]`` is this one)."""
 
     tokens: list[int]
     log_prob: float
     attention: dict[str, torch.Tensor] = field(default_factory=dict)
+    beams: list["Generation"] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class TokenRules:
+    """Which words may come next: never ``<start>`` or ``<pad>``; never ``unk_index`` when it is set; no ``<end>``
+    before ``min_length`` words; no word that would repeat an n-gram of size ``block_ngram`` (> 1) or, for 1,
+    any word."""
+
+    start_index: int
+    end_index: int
+    pad_index: int = 0
+    unk_index: int | None = None
+    min_length: int = 0
+    block_ngram: int = 0
+
+    @classmethod
+    def of(cls, vocab, settings: DecodeConfig) -> "TokenRules":
+        return cls(vocab.start_index, vocab.end_index, vocab.pad_index,
+                   vocab.unk_index if settings.suppress_unk else None, settings.min_length, settings.block_ngram)
+
+    def apply(self, log_probs: torch.Tensor, words: torch.Tensor) -> torch.Tensor:
+        """``log_probs`` (N, V) of the word after ``words`` (N, t), with ``-inf`` where a word is not allowed."""
+        log_probs = log_probs.clone()
+        banned = [self.start_index, self.pad_index] + ([self.unk_index] if self.unk_index is not None else [])
+        log_probs[:, banned] = NEG_INF
+        if words.shape[1] < self.min_length:
+            log_probs[:, self.end_index] = NEG_INF
+        n = self.block_ngram
+        if n and words.shape[1] >= n:
+            windows = words.unfold(1, n, 1)                               # (N, t-n+1, n): every n-gram so far
+            if n == 1:
+                log_probs.scatter_(1, words, NEG_INF)
+            else:
+                prefix = words[:, words.shape[1] - n + 1:]                # the last n-1 words
+                same = (windows[:, :, :-1] == prefix[:, None]).all(-1)    # n-grams that start like the next one
+                rows, starts = same.nonzero(as_tuple=True)
+                log_probs[rows, windows[rows, starts, -1]] = NEG_INF
+        return log_probs
 
 
 def select_state(state: dict[str, torch.Tensor], index: torch.Tensor,
                  keep: frozenset[str] = frozenset()) -> dict[str, torch.Tensor]:
-    """Rows ``index`` of every state tensor (reorders or repeats beams and images), except the entries
-    named in ``keep``, which are passed on as they are."""
+    """Rows ``index`` of every state tensor (reorders or repeats hypotheses), except the entries named in
+    ``keep``, which are passed on as they are."""
     return {name: value if name in keep else value.index_select(0, index) for name, value in state.items()}
+
+
+def start_state(decoder, regions: torch.Tensor, per_image: int) -> tuple[dict[str, torch.Tensor], frozenset[str]]:
+    """The decode state of ``regions`` (B, L, D) with ``per_image`` rows per image for the entries that change
+    step by step (image b's rows adjacent), one row per image for the ``fixed_state``; and that set."""
+    fixed = frozenset(getattr(decoder, "fixed_state", ()))
+    state = decoder.init_state(regions)
+    if per_image > 1:
+        rows = torch.arange(regions.shape[0], device=regions.device).repeat_interleave(per_image)
+        state = select_state(state, rows, keep=fixed)
+    return state, fixed
 
 
 def _stack_attention(history: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
@@ -59,82 +138,152 @@ def _stack_attention(history: list[dict[str, torch.Tensor]]) -> dict[str, torch.
     return {name: torch.stack([h[name] for h in history], dim=1) for name in history[0]}
 
 
-def _never_emit(log_probs: torch.Tensor, start_index: int, pad_index: int) -> torch.Tensor:
-    """``<start>`` and ``<pad>`` are never words of a caption: give them zero probability."""
-    log_probs = log_probs.clone()
-    log_probs[:, [start_index, pad_index]] = float("-inf")
-    return log_probs
+def _generation(words: list[int], log_prob: float, attention: dict[str, torch.Tensor], row: int,
+                end_index: int) -> Generation:
+    length = words.index(end_index) if end_index in words else len(words)
+    return Generation(words[:length], log_prob, {k: v[row, :length].float().cpu() for k, v in attention.items()})
 
 
 def _generations(tokens: torch.Tensor, log_probs: torch.Tensor, attention: dict[str, torch.Tensor],
                  end_index: int) -> list[Generation]:
     """Cut each row of ``tokens`` (B, T) at its first ``<end>``."""
-    out = []
-    for row in range(tokens.shape[0]):
-        words = tokens[row].tolist()
-        length = words.index(end_index) if end_index in words else len(words)
-        out.append(Generation(words[:length], float(log_probs[row]),
-                              {k: v[row, :length].float().cpu() for k, v in attention.items()}))
-    return out
+    return [_generation(tokens[row].tolist(), float(log_probs[row]), attention, row, end_index)
+            for row in range(tokens.shape[0])]
 
 
-@torch.inference_mode()
-def greedy(decoder, features: torch.Tensor, *, max_length: int, start_index: int, end_index: int,
-           temperature: float = 0.0, generator: torch.Generator | None = None, pad_index: int = 0) -> list[Generation]:
-    """Most likely word at every step (``temperature=0``), or sampled from ``softmax(logits / temperature)``.
+@dataclass
+class SampledCaptions:
+    """Captions drawn word by word, ``samples`` per image: N = B * samples rows, image b's in rows
+    ``b * samples`` to ``b * samples + samples - 1``.
 
-    ``features`` (B, L, D). Every image stops at its own ``<end>``; the batch stops when all have.
+    ``tokens`` (N, T) the drawn words, ``<end>`` included where drawn, ``<pad>`` after it; ``mask`` (N, T) true at
+    the drawn positions (``<end>`` included); ``log_probs`` (N, T) the log-probability of each drawn word under
+    the distribution it was drawn from (after the temperature, before top-k/top-p), 0 after ``<end>``, with its
+    gradient when grad mode is on; ``model_log_probs`` (N, T) the same under the model itself (temperature 1),
+    detached; ``attention`` name -> (N, T, L)."""
+
+    tokens: torch.Tensor
+    mask: torch.Tensor
+    log_probs: torch.Tensor
+    model_log_probs: torch.Tensor
+    attention: dict[str, torch.Tensor]
+
+    def generations(self, end_index: int) -> list[Generation]:
+        totals = self.model_log_probs.sum(dim=1)
+        return _generations(self.tokens, totals, self.attention, end_index)
+
+
+def image_seed(key: int | str) -> int:
+    """A stable integer for an image's identity: its id, or a file name's CRC-32."""
+    return key if isinstance(key, int) else zlib.crc32(str(key).encode())
+
+
+def seeded_uniforms(seeds: Sequence[int], samples: int, steps: int, first_sample: int = 0) -> torch.Tensor:
+    """``(len(seeds) * samples, steps)`` random numbers in [0, 1): row ``b * samples + j`` from a generator seeded
+    by ``(seeds[b], first_sample + j)`` alone, so a caption's draws do not depend on the batch it is in or on
+    how many other samples are drawn with it."""
+    rows = []
+    for seed in seeds:
+        for j in range(first_sample, first_sample + samples):
+            generator = torch.Generator().manual_seed((int(seed) * 1_000_003 + j) % (2**63 - 1))
+            rows.append(torch.rand(steps, generator=generator))
+    return torch.stack(rows)
+
+
+def _truncate(log_probs: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """``log_probs`` (N, V) with ``-inf`` outside the ``top_k`` most likely words and outside the smallest set of
+    most likely words whose probabilities reach ``top_p``."""
+    if top_k and top_k < log_probs.shape[1]:
+        threshold = log_probs.topk(top_k, dim=1).values[:, -1:]
+        log_probs = log_probs.masked_fill(log_probs < threshold, NEG_INF)
+    if top_p < 1.0:
+        ordered, order = log_probs.sort(dim=1, descending=True)
+        before = ordered.softmax(dim=1).cumsum(dim=1) - ordered.softmax(dim=1)   # mass of the words ahead
+        drop = torch.zeros_like(log_probs, dtype=torch.bool).scatter(1, order, before >= top_p)
+        log_probs = log_probs.masked_fill(drop, NEG_INF)
+    return log_probs
+
+
+def _draw(log_probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Words (N,) drawn from ``softmax(log_probs)`` (N, V) by inverting its cumulative distribution at
+    ``uniforms`` (N,): a word of zero probability is never drawn."""
+    probs = torch.softmax(log_probs.float(), dim=1)
+    cdf = probs.cumsum(dim=1)
+    target = (uniforms.to(cdf.device, cdf.dtype) * cdf[:, -1]).clamp_min(torch.finfo(cdf.dtype).tiny)
+    return (cdf < target[:, None]).sum(dim=1).clamp(max=probs.shape[1] - 1)
+
+
+def sample_captions(decoder, regions: torch.Tensor, *, rules: TokenRules, max_length: int, samples: int = 1,
+                    temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+                    uniforms: torch.Tensor | None = None) -> SampledCaptions:
+    """Draw ``samples`` captions per image of ``regions`` (B, L, D) in one batched pass of B * samples rows.
+
+    ``temperature=0`` takes the most likely word (greedy decoding); else each word is drawn from
+    ``softmax(log p / temperature)``, truncated to ``top_k`` / ``top_p``, at the random numbers ``uniforms``
+    (N, max_length) (e.g. :func:`seeded_uniforms`), or torch's global generator's when None. The decoder's
+    ``fixed_state`` is not repeated per sample. Runs with the caller's grad mode: under ``torch.no_grad`` for
+    decoding, with gradients for self-critical training.
     """
-    batch = features.shape[0]
-    state = decoder.init_state(features)
-    tokens = torch.full((batch,), start_index, dtype=torch.long, device=features.device)
-    finished = torch.zeros(batch, dtype=torch.bool, device=features.device)
-    total = torch.zeros(batch, device=features.device)
-    emitted, history = [], []
-    for _ in range(max_length):
+    batch, device = regions.shape[0], regions.device
+    rows = batch * samples
+    state, _ = start_state(decoder, regions, samples)
+    tokens = torch.full((rows,), rules.start_index, dtype=torch.long, device=device)
+    finished = torch.zeros(rows, dtype=torch.bool, device=device)
+    words = torch.empty(rows, 0, dtype=torch.long, device=device)
+    drawn, policy, model, history = [], [], [], []
+    for step in range(max_length):
         log_probs, state, attention = decoder.step(tokens, state)
-        log_probs = _never_emit(log_probs, start_index, pad_index)
-        if temperature > 0:
-            probs = torch.softmax(log_probs / temperature, dim=-1)
-            tokens = torch.multinomial(probs, 1, generator=generator).squeeze(1)
+        allowed = rules.apply(log_probs, words)
+        if temperature == 0:
+            tokens, scaled = allowed.argmax(dim=1), allowed
         else:
-            tokens = log_probs.argmax(dim=-1)
-        total += torch.where(finished, 0.0, log_probs.gather(1, tokens[:, None]).squeeze(1))
-        emitted.append(tokens)
-        history.append(attention)
-        finished |= tokens == end_index
+            scaled = torch.log_softmax(allowed / temperature, dim=1)
+            random = uniforms[:, step] if uniforms is not None else torch.rand(rows, device=device)
+            tokens = _draw(_truncate(scaled.detach(), top_k, top_p), random)
+        tokens = tokens.masked_fill(finished, rules.pad_index)
+        live = ~finished
+        policy.append(torch.where(live, scaled.gather(1, tokens[:, None]).squeeze(1), 0.0))
+        model.append(torch.where(live, allowed.detach().gather(1, tokens[:, None]).squeeze(1), 0.0))
+        drawn.append(live)
+        history.append({name: value * live[:, None] for name, value in attention.items()})
+        words = torch.cat([words, tokens[:, None]], dim=1)
+        finished = finished | (tokens == rules.end_index)
         if finished.all():
             break
-    return _generations(torch.stack(emitted, 1), total, _stack_attention(history), end_index)
-
-
-def sample(decoder, features: torch.Tensor, *, max_length: int, start_index: int, end_index: int,
-           temperature: float = 1.0, generator: torch.Generator | None = None) -> list[Generation]:
-    """Sampling with temperature (> 0); see :func:`greedy`."""
-    if temperature <= 0:
-        raise ValueError("sampling needs a temperature > 0")
-    return greedy(decoder, features, max_length=max_length, start_index=start_index, end_index=end_index,
-                  temperature=temperature, generator=generator)
+    return SampledCaptions(tokens=words, mask=torch.stack(drawn, 1), log_probs=torch.stack(policy, 1),
+                           model_log_probs=torch.stack(model, 1), attention=_stack_attention(history))
 
 
 @torch.inference_mode()
-def beam_search(decoder, features: torch.Tensor, *, beam_size: int, max_length: int, start_index: int,
-                end_index: int, length_penalty: float = 0.0, pad_index: int = 0) -> list[Generation]:
-    """Batched beam search over all images at once: ``features`` (B, L, D) -> B generations.
+def greedy(decoder, regions: torch.Tensor, *, max_length: int, rules: TokenRules) -> list[Generation]:
+    """The most likely word at every step; ``regions`` (B, L, D). Every image stops at its own ``<end>``."""
+    return sample_captions(decoder, regions, rules=rules, max_length=max_length, temperature=0).generations(
+        rules.end_index)
 
-    The B*k hypotheses advance together in one ``step`` call per word. A hypothesis that emitted
-    ``<end>`` is finished: it keeps its score and competes with the live ones until the search stops
-    (all top-k hypotheses of every image finished, or ``max_length`` words). The answer for each image
-    is its best hypothesis by ``log_prob / length**length_penalty`` (``0`` = raw log-probability).
-    With ``beam_size=1`` this is exactly greedy decoding.
+
+@torch.inference_mode()
+def beam_search(decoder, regions: torch.Tensor, *, beam_size: int, max_length: int, rules: TokenRules,
+                length_penalty: float = 0.0, groups: int = 1, diversity: float = 0.0, n_best: int = 1) -> list[Generation]:
+    """Batched beam search over all images at once: ``regions`` (B, L, D) -> B generations.
+
+    The B * k hypotheses advance together in one ``step`` call per word. A hypothesis that emitted ``<end>`` is
+    finished: it keeps its score and competes with the live ones until the search stops (all hypotheses of
+    every image finished, or ``max_length`` words). Each image's answer is its best hypothesis by
+    ``log_prob / length**length_penalty``; with ``n_best > 1`` its ``beams`` hold the n best. With ``beam_size=1``
+    this is greedy decoding.
+
+    Diverse beam search (Vijayakumar et al. 2018): the k beams form ``groups`` groups of k / groups beams that
+    each search on their own; at every step group g chooses after groups 0..g-1, its live hypotheses'
+    candidates lowered by ``diversity`` for each earlier group's live hypothesis that chose the same word at this
+    step (Hamming diversity). The penalty only steers the choice: scores stay log-probabilities. One group is
+    plain beam search.
     """
-    batch, k, device = features.shape[0], beam_size, features.device
-    state = decoder.init_state(features)
-    state = select_state(state, torch.arange(batch, device=device).repeat_interleave(k))
-    fixed = frozenset(getattr(decoder, "fixed_state", ()))  # origin below stays within each image's k rows
-    scores = torch.full((batch, k), float("-inf"), device=device)
-    scores[:, 0] = 0.0                                    # one live beam per image at the start
-    tokens = torch.full((batch * k,), start_index, dtype=torch.long, device=device)
+    batch, k, device = regions.shape[0], beam_size, regions.device
+    size = k // groups                                             # beams per group
+    state, fixed = start_state(decoder, regions, k)
+    scores = torch.full((batch, k), NEG_INF, device=device)
+    scores[:, ::size] = 0.0                                        # one live beam per group at the start
+    tokens = torch.full((batch * k,), rules.start_index, dtype=torch.long, device=device)
     finished = torch.zeros(batch * k, dtype=torch.bool, device=device)
     lengths = torch.zeros(batch * k, dtype=torch.long, device=device)
     words = torch.empty(batch * k, 0, dtype=torch.long, device=device)
@@ -142,18 +291,16 @@ def beam_search(decoder, features: torch.Tensor, *, beam_size: int, max_length: 
     base = (torch.arange(batch, device=device) * k).unsqueeze(1)   # (B, 1) offset of each image's beams
     for _ in range(max_length):
         log_probs, state, attention = decoder.step(tokens, state)
-        log_probs = _never_emit(log_probs, start_index, pad_index)
-        vocab = log_probs.shape[1]
+        log_probs = rules.apply(log_probs, words)
         # A finished hypothesis may only be extended by <end> at no cost, so it carries its score along.
-        frozen = torch.full_like(log_probs, float("-inf"))
-        frozen[:, end_index] = 0.0
+        frozen = torch.full_like(log_probs, NEG_INF)
+        frozen[:, rules.end_index] = 0.0
         log_probs = torch.where(finished[:, None], frozen, log_probs)
-        candidates = (scores.view(-1, 1) + log_probs).view(batch, k * vocab)
-        scores, flat = candidates.topk(k, dim=1)                    # (B, k)
-        origin = (base + flat // vocab).view(-1)                    # rows of the hypotheses extended
-        tokens = (flat % vocab).view(-1)
+        scores, origin, tokens = _choose(scores, log_probs, finished.view(batch, k), groups, diversity)
+        origin = (base + origin).view(-1)                          # rows of the hypotheses extended
+        tokens = tokens.view(-1)
         lengths = lengths.index_select(0, origin) + (~finished.index_select(0, origin)).long()
-        finished = finished.index_select(0, origin) | (tokens == end_index)
+        finished = finished.index_select(0, origin) | (tokens == rules.end_index)
         words = torch.cat([words.index_select(0, origin), tokens[:, None]], dim=1)
         state = select_state(state, origin, keep=fixed)
         for name, value in attention.items():
@@ -161,16 +308,57 @@ def beam_search(decoder, features: torch.Tensor, *, beam_size: int, max_length: 
             history[name] = torch.cat([past, value.index_select(0, origin).unsqueeze(1)], dim=1)
         if finished.all():
             break
-    normalised = scores.view(-1) / lengths.clamp(min=1).float() ** length_penalty if length_penalty else scores.view(-1)
-    best = base.squeeze(1) + normalised.view(batch, k).argmax(dim=1)
-    return _generations(words.index_select(0, best), scores.view(-1).index_select(0, best),
-                        {name: value.index_select(0, best) for name, value in history.items()}, end_index)
+    ranking = scores.view(-1) / lengths.clamp(min=1).float() ** length_penalty if length_penalty else scores.view(-1)
+    order = ranking.view(batch, k).argsort(dim=1, descending=True, stable=True)[:, :n_best] + base   # (B, n)
+    flat = scores.view(-1)
+    out = []
+    for image in range(batch):
+        beams = [_generation(words[row].tolist(), float(flat[row]), history, row, rules.end_index)
+                 for row in order[image].tolist()]
+        out.append(Generation(beams[0].tokens, beams[0].log_prob, beams[0].attention, beams if n_best > 1 else []))
+    return out
 
 
-def decode(decoder, regions: torch.Tensor, vocab, settings: DecodeConfig) -> list[Generation]:
-    """Captions of ``regions`` (B, L, D) as ``settings`` say: beam search for ``beam > 1``, greedy decoding for 1."""
-    common = {"max_length": settings.max_length, "start_index": vocab.start_index, "end_index": vocab.end_index,
-              "pad_index": vocab.pad_index}
-    if settings.beam > 1:
-        return beam_search(decoder, regions, beam_size=settings.beam, length_penalty=settings.length_penalty, **common)
-    return greedy(decoder, regions, **common)
+def _choose(scores: torch.Tensor, log_probs: torch.Tensor, finished: torch.Tensor, groups: int, diversity: float
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One step of (diverse) beam search: ``scores`` (B, k) and ``log_probs`` (B * k, V) -> the new scores (B, k),
+    the beam each new hypothesis extends (B, k) and its word (B, k). ``finished`` (B, k) marks finished beams."""
+    batch, k = scores.shape
+    vocab, size = log_probs.shape[1], k // groups
+    totals = (scores.view(-1, 1) + log_probs).view(batch, groups, size, vocab)
+    if groups == 1:
+        new_scores, flat = totals.view(batch, size * vocab).topk(size, dim=1)
+        return new_scores, flat // vocab, flat % vocab
+    chosen_words = torch.zeros(batch, vocab, device=scores.device)    # live choices of earlier groups, this step
+    parts = []
+    for group in range(groups):
+        live = ~finished[:, group * size:(group + 1) * size]            # (B, size)
+        steered = totals[:, group] - diversity * chosen_words[:, None, :] * live[:, :, None]
+        _, flat = steered.reshape(batch, size * vocab).topk(size, dim=1)
+        beam, word = flat // vocab, flat % vocab
+        new_scores = totals[:, group].reshape(batch, size * vocab).gather(1, flat)
+        chosen_words.scatter_add_(1, word, live.gather(1, beam).float())
+        parts.append((new_scores, beam + group * size, word))
+    return tuple(torch.cat(part, dim=1) for part in zip(*parts))
+
+
+def decode(decoder, regions: torch.Tensor, vocab, settings: DecodeConfig,
+           images: Sequence[int | str] | None = None) -> list[Generation]:
+    """Captions of ``regions`` (B, L, D) as ``settings`` say: beam search (greedy for a beam of 1) or sampling.
+    ``images`` (ids or file names) seed each image's draws when sampling, so that an image gets the same
+    caption whatever batch it is decoded in (default: its position in the batch)."""
+    settings.check()
+    rules = TokenRules.of(vocab, settings)
+    if settings.method == "sample":
+        keys = images if images is not None else range(regions.shape[0])
+        seeds = [settings.seed * 1_000_033 + image_seed(key) for key in keys]
+        with torch.inference_mode():
+            drawn = sample_captions(decoder, regions, rules=rules, max_length=settings.max_length,
+                                    temperature=settings.temperature, top_k=settings.top_k, top_p=settings.top_p,
+                                    uniforms=seeded_uniforms(seeds, 1, settings.max_length).to(regions.device))
+        return drawn.generations(rules.end_index)
+    if settings.beam == 1:
+        return greedy(decoder, regions, max_length=settings.max_length, rules=rules)
+    return beam_search(decoder, regions, beam_size=settings.beam, max_length=settings.max_length, rules=rules,
+                       length_penalty=settings.length_penalty, groups=settings.beam_groups,
+                       diversity=settings.diversity, n_best=settings.n_best)

@@ -5,15 +5,17 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Sequence
+from dataclasses import asdict
 from pathlib import Path
 
-from captioner.checkpoint import load_model
+from captioner.checkpoint import load_models
 from captioner.data.dataset import CaptionDataset, make_dataset
 from captioner.data.readers import read_split
 from captioner.decoding.search import DecodeConfig
 from captioner.errors import CaptionerError
 from captioner.evaluation.attention_stats import attention_statistics
 from captioner.evaluation.caption_metrics import score_captions, write_coco_results
+from captioner.evaluation.diversity import diversity_measures
 from captioner.evaluation.generate import caption_texts, generate_captions
 from captioner.evaluation.grounding import (
     ShapesTargets,
@@ -33,15 +35,16 @@ def split_dataset(config: dict, split: str, vocab, model) -> CaptionDataset:
                         whole_cache_only=True)
 
 
-def decode_split(checkpoint: str | Path, split: str, *, beam_size: int | None, overrides: Sequence[str],
-                 device: str, progress: bool):
-    """Load ``checkpoint`` (its config with ``overrides`` applied) and decode every image of ``split``:
-    ``(model, vocab, config, dataset, generations, beam_size)``."""
-    model, vocab, config, _ = load_model(checkpoint, resolve_device(device), overrides)
-    settings = DecodeConfig.of(config, beam=beam_size)
+def decode_split(checkpoints: str | Path | Sequence[str | Path], split: str, *, beam_size: int | None = None,
+                 overrides: Sequence[str] = (), device: str = "auto", progress: bool = False, n_best: int | None = None):
+    """Load the checkpoint (several: an ensemble, see :func:`~captioner.checkpoint.load_models`) with ``overrides``
+    applied to its config, and decode every image of ``split``: ``(model, vocab, config, dataset, generations,
+    settings)``; ``beam_size`` and ``n_best`` override the config's ``decode`` section when given."""
+    model, vocab, config = load_models(checkpoints, resolve_device(device), overrides)
+    settings = DecodeConfig.of(config, beam=beam_size, n_best=n_best)
     dataset = split_dataset(config, split, vocab, model)
     generations = generate_captions(model, dataset, vocab, settings, progress=progress)
-    return model, vocab, config, dataset, generations, settings.beam
+    return model, vocab, config, dataset, generations, settings
 
 
 def _targets(config: dict, split: str):
@@ -52,39 +55,55 @@ def _targets(config: dict, split: str):
     return targets, (load_image_sizes(instances) if targets is not None else {})
 
 
-def evaluate_checkpoint(checkpoint: str | Path, split: str = "test", *, beam_size: int | None = None,
-                        out_dir: str | Path | None = None, overrides: Sequence[str] = (),
-                        device: str = "auto", spice: bool = False, progress: bool = True) -> dict:
-    """Scores of ``checkpoint`` on ``split``; writes ``captions_{split}.json`` (COCO results format) and
-    ``scores_{split}.json`` into ``out_dir`` (default: the checkpoint's folder). On the shapes data the
-    scores add object precision and relation accuracy; wherever the config names an instances file for the
+def evaluate_checkpoint(checkpoints: str | Path | Sequence[str | Path], split: str = "test", *,
+                        beam_size: int | None = None, out_dir: str | Path | None = None, overrides: Sequence[str] = (),
+                        device: str = "auto", spice: bool = False, progress: bool = True,
+                        n_best: int | None = None) -> dict:
+    """Scores of the checkpoint (or the ensemble of ``checkpoints``) on ``split``; writes ``captions_{split}.json``
+    (COCO results format) and ``scores_{split}.json`` into ``out_dir`` (default: the first checkpoint's folder),
+    and with ``n_best > 1`` the n best captions of every image with their log-probabilities, ``nbest_{split}.json``.
+
+    The scores: BLEU-1..4, METEOR, ROUGE-L, CIDEr (SPICE on request); ``decode``, the settings used;
+    ``diversity`` (:mod:`captioner.evaluation.diversity`); ``attention``, the sharpness statistics of
+    :func:`~captioner.evaluation.attention_stats.attention_statistics` (without the per-region list); on the
+    shapes data object precision and relation accuracy; wherever the config names an instances file for the
     split (shapes or COCO), attention grounding (``pointing_accuracy`` and the ``grounding`` breakdown) of the
-    images the file holds. ``attention`` holds the sharpness statistics of
-    :func:`~captioner.evaluation.attention_stats.attention_statistics` (without the per-region list)."""
-    model, vocab, config, dataset, generations, beam_size = decode_split(
-        checkpoint, split, beam_size=beam_size, overrides=overrides, device=device, progress=progress)
+    images the file holds."""
+    model, vocab, config, dataset, generations, settings = decode_split(
+        checkpoints, split, beam_size=beam_size, overrides=overrides, device=device, progress=progress, n_best=n_best)
     texts = caption_texts(generations, vocab)
-    references = {r.image_id: r.captions for r in dataset.records}
-    scores = score_captions(references, texts, spice=spice)
-    attention = attention_statistics(generations)
-    if attention is not None:
-        attention.pop("coverage")
-        scores["attention"] = attention
-    targets, image_sizes = _targets(config, split)
-    if isinstance(targets, ShapesTargets):
-        scores.update(shapes_scores(texts, targets.objects))
-    if targets is not None:
-        grounding = ground(generations, vocab, targets, image_sizes, tuple(model.encoder.grid))
-        if grounding is not None:
-            scores["pointing_accuracy"] = grounding["pointing_accuracy"]
-            scores["grounding"] = grounding
-    scores["images"] = len(texts)
-    scores["beam"] = beam_size
-    out_dir = Path(out_dir) if out_dir else Path(checkpoint).parent
+    scores = score_captions({r.image_id: r.captions for r in dataset.records}, texts, spice=spice)
+    scores.update(images=len(texts), beam=settings.beam, decode=asdict(settings), diversity=diversity_measures(texts))
+    scores.update(_attention_scores(generations, vocab, config, split, tuple(model.encoder.grid), texts))
+    first = Path(checkpoints if isinstance(checkpoints, (str, Path)) else checkpoints[0])
+    out_dir = Path(out_dir) if out_dir else first.parent
     out_dir.mkdir(parents=True, exist_ok=True)
     write_coco_results(texts, out_dir / f"captions_{split}.json")
     (out_dir / f"scores_{split}.json").write_text(json.dumps(scores, indent=2))
+    if settings.n_best > 1:
+        nbest = [{"image_id": image_id, "beams": [{"caption": vocab.decode(b.tokens), "log_prob": b.log_prob}
+                                                  for b in generation.beams]}
+                 for image_id, generation in generations.items()]
+        (out_dir / f"nbest_{split}.json").write_text(json.dumps(nbest, indent=1))
     return scores
+
+
+def _attention_scores(generations, vocab, config: dict, split: str, grid: tuple[int, int], texts: dict) -> dict:
+    """Sharpness statistics, shapes measures and grounding, where they apply."""
+    out = {}
+    attention = attention_statistics(generations)
+    if attention is not None:
+        attention.pop("coverage")
+        out["attention"] = attention
+    targets, image_sizes = _targets(config, split)
+    if isinstance(targets, ShapesTargets):
+        out.update(shapes_scores(texts, targets.objects))
+    if targets is not None:
+        grounding = ground(generations, vocab, targets, image_sizes, grid)
+        if grounding is not None:
+            out["pointing_accuracy"] = grounding["pointing_accuracy"]
+            out["grounding"] = grounding
+    return out
 
 
 def ground_checkpoint(checkpoint: str | Path, split: str = "test", *, beam_size: int | None = None,

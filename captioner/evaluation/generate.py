@@ -29,7 +29,8 @@ def generate_captions(model, dataset: CaptionDataset, vocab: Vocabulary, setting
         for batch in tqdm(loader, desc="decoding", unit="batch", disable=not progress, leave=False):
             if batch["size"] == 0:
                 continue
-            generations = decode(model.decoder, model.regions(**visual_inputs(batch, device)), vocab, settings)
+            generations = decode(model.decoder, model.regions(**visual_inputs(batch, device)), vocab, settings,
+                                 images=batch["image_id"])
             out.update(zip(batch["image_id"], generations))
     return out
 

@@ -58,20 +58,25 @@ class RegionAttention(nn.Module):
         return None if self.score == "none" else self.region_proj(regions)
 
     def scores(self, keys: torch.Tensor | None, query: torch.Tensor, num_regions: int) -> torch.Tensor:
-        """Unnormalised scores ``(B, L)`` from projected regions ``keys`` (B, L, A) and ``query`` (B, H)."""
+        """Unnormalised scores ``(N, L)`` from projected regions ``keys`` (B, L, A) and queries ``query`` (N, H),
+        N = B * k: image b's regions serve its k queries in rows ``b * k`` to ``b * k + k - 1`` (k hypotheses of a
+        search; k = 1 in training)."""
+        rows = query.shape[0]
         if self.score == "none":
-            return query.new_zeros(query.shape[0], num_regions)
-        if self.score == "additive":
-            hidden = self.activation(keys + self.query_proj(query).unsqueeze(1))
-            return self.energy(hidden).squeeze(-1)
+            return query.new_zeros(rows, num_regions)
+        images = keys.shape[0]
         q = query if self.score == "general" else self.query_proj(query)
-        return torch.bmm(keys, q.unsqueeze(-1)).squeeze(-1) * self.scale
+        q = q.view(images, rows // images, -1)                                      # (B, k, A)
+        if self.score == "additive":
+            hidden = self.activation(keys.unsqueeze(1) + q.unsqueeze(2))             # (B, k, L, A)
+            return self.energy(hidden).reshape(rows, num_regions)
+        return torch.bmm(q, keys.transpose(1, 2)).reshape(rows, num_regions) * self.scale
 
     def forward(self, keys: torch.Tensor | None, query: torch.Tensor, num_regions: int,
                 mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Attention weights ``alpha`` (B, L), summing to 1 over valid regions.
-
-        ``mask`` (B, L) bool marks valid regions; masked regions get exactly zero weight.
+        """Attention weights ``alpha`` (N, L) of N = B * k queries over B images' regions (see :meth:`scores`),
+        summing to 1 over valid regions. ``mask`` (N, L) bool marks valid regions; masked regions get exactly
+        zero weight.
         """
         scores = self.scores(keys, query, num_regions)
         if self.log_sharpness is not None:

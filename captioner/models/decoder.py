@@ -11,7 +11,9 @@ A decoder is an ``nn.Module`` with
   words, ``log_probs`` (N, V) float32 for the next, the new state, and the word's attention maps
   ``{"alpha": (N, L)}`` (plus ``"chosen"`` (N, L) one-hot for hard attention; ``{}`` for none);
 * ``fixed_state``: the names of state entries that depend on the image alone (the regions and their
-  projections); a search repeats them once per beam or sample and never reorders or copies them again;
+  projections). A search keeps them at one row per image while the other entries hold N = B * k rows (k
+  beams or samples per image, each image's rows adjacent): ``step`` broadcasts each image's fixed state over
+  its k rows (k = N / B), so nothing image-sized is ever repeated or reordered;
 * ``objective``: which training loss fits it: ``"likelihood"`` (cross-entropy, plus the attention
   regulariser) or ``"hard_attention"`` (the variational bound trained by REINFORCE,
   :class:`captioner.training.losses.HardAttentionLoss`).

@@ -112,7 +112,9 @@ class LSTMDecoder(nn.Module):
 
     def context(self, regions: torch.Tensor, keys: torch.Tensor | None, h: torch.Tensor,
                 expectation_rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, dict]:
-        """Gated context ``z_t`` (B, D'), ``alpha_t`` (B, L) and, for hard attention, the chosen location.
+        """Gated context ``z_t`` (N, D'), ``alpha_t`` (N, L) and, for hard attention, the chosen location, for
+        N = B * k hidden states ``h`` (N, H) over B images' ``regions`` (B, L, D') and ``keys`` (B, L, A): each
+        image's k hypotheses sit in adjacent rows (k = 1 in training).
 
         Soft: ``z_t = beta * sum_i alpha_ti a_i``. Hard: ``z_t = beta * a_{s_t}`` with ``s_t`` sampled from
         ``alpha_t`` (training, or ``hard_decode=sample``) or its argmax; rows where ``expectation_rows`` (B,)
@@ -132,7 +134,8 @@ class LSTMDecoder(nn.Module):
             location_info = {"chosen": chosen, "log_prob_location": log_alpha.gather(1, location[:, None]).squeeze(1),
                              "entropy": -(alpha * log_alpha).sum(dim=-1)}
             weights = chosen if expectation_rows is None else torch.where(expectation_rows[:, None], alpha, chosen)
-        z = torch.bmm(weights.unsqueeze(1), regions).squeeze(1)
+        images = regions.shape[0]
+        z = torch.bmm(weights.view(images, -1, weights.shape[1]), regions).view(weights.shape[0], -1)
         if self.gate is not None:
             z = torch.sigmoid(self.gate(h)) * z
         return z, alpha, location_info

@@ -92,6 +92,24 @@ class DecoderLayer(nn.Module):
         keys, values = self.split_heads(self.cross_kv(memory), 2)
         return keys.contiguous(), values.contiguous()
 
+    def cross_attention(self, q: torch.Tensor, memory_kv: tuple[torch.Tensor, torch.Tensor], need_weights: bool
+                        ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Queries ``q`` (N, heads, T, d_head) of N = B * k hypotheses over B images' keys and values (B, heads, L,
+        d_head) (image b's k hypotheses in adjacent rows) -> ``(attended (N, heads, T, d_head), weights)`` with
+        ``weights`` (N, heads, T, L) when ``need_weights``."""
+        keys, values = memory_kv
+        rows, heads, steps, dim = q.shape
+        images = keys.shape[0]
+        grouped = q.view(images, rows // images, heads, steps, dim).transpose(1, 2).reshape(images, heads, -1, dim)
+        weights = None
+        if need_weights:
+            weights = torch.softmax(grouped @ keys.transpose(-1, -2) / math.sqrt(self.head_dim), dim=-1)
+            attended = weights @ values
+            weights = weights.view(images, heads, rows // images, steps, -1).transpose(1, 2).reshape(rows, heads, steps, -1)
+        else:
+            attended = F.scaled_dot_product_attention(grouped, keys, values)
+        return attended.view(images, heads, rows // images, steps, dim).transpose(1, 2).reshape(rows, heads, steps, dim), weights
+
     def forward(self, x: torch.Tensor, memory_kv: tuple[torch.Tensor, torch.Tensor], self_mask: torch.Tensor | None = None,
                 past_kv: tuple[torch.Tensor, torch.Tensor] | None = None, need_weights: bool = False
                 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor], torch.Tensor | None]:
@@ -109,14 +127,8 @@ class DecoderLayer(nn.Module):
         attended = F.scaled_dot_product_attention(q, k, v, attn_mask=self_mask)
         x = x + self.dropout(self.self_out(self.merge_heads(attended)))
 
-        q = self.split_heads(self.cross_q(self.norm_cross(x)), 1)[0]
-        keys, values = memory_kv
-        weights = None
-        if need_weights:
-            weights = torch.softmax(q @ keys.transpose(-1, -2) / math.sqrt(self.head_dim), dim=-1)
-            attended = weights @ values
-        else:
-            attended = F.scaled_dot_product_attention(q, keys, values)
+        attended, weights = self.cross_attention(self.split_heads(self.cross_q(self.norm_cross(x)), 1)[0], memory_kv,
+                                                 need_weights)
         x = x + self.dropout(self.cross_out(self.merge_heads(attended)))
         x = x + self.dropout(self.ffn(self.norm_ffn(x)))
         return x, (k, v), weights

@@ -1,0 +1,38 @@
+"""How varied and how clean are a split's captions? Measures that make decoding options comparable.
+
+* ``vocabulary_used``: distinct words over all captions;
+* ``distinct_captions``: share of images whose caption no other image got;
+* ``repeated_word``: share of captions with the same word twice in a row ("a dog dog");
+* ``repeated_bigram``: share of captions in which a pair of words occurs twice ("a man on a man on");
+* ``dangling_end``: share of captions that stop on a word that cannot end an English caption ("a", "of",
+  "with", ...), the mark of a caption cut short;
+* ``mean_length``: words per caption.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+
+DANGLING = frozenset({"a", "an", "the", "of", "with", "and", "in", "on", "at", "to", "for", "from", "by", "his", "her",
+                      "their", "its", "is", "are", "while", "near", "next", "into", "onto", "<unk>"})
+
+
+def diversity_measures(captions: Mapping[int, str]) -> dict[str, float]:
+    """The measures above over ``{image_id: caption}``."""
+    words = {image: caption.split() for image, caption in captions.items()}
+    count = max(len(words), 1)
+    frequency = Counter(captions.values())
+
+    def has_repeated_bigram(tokens: list[str]) -> bool:
+        bigrams = list(zip(tokens, tokens[1:]))
+        return len(bigrams) != len(set(bigrams))
+
+    return {
+        "vocabulary_used": len({w for tokens in words.values() for w in tokens}),
+        "distinct_captions": sum(frequency[c] == 1 for c in captions.values()) / count,
+        "repeated_word": sum(any(a == b for a, b in zip(t, t[1:])) for t in words.values()) / count,
+        "repeated_bigram": sum(has_repeated_bigram(t) for t in words.values()) / count,
+        "dangling_end": sum(bool(t) and t[-1] in DANGLING for t in words.values()) / count,
+        "mean_length": sum(len(t) for t in words.values()) / count,
+    }

@@ -1,0 +1,227 @@
+"""Decoding options, all in the one search for every decoder: <unk> suppression, n-gram blocking, minimum
+length, n-best lists, diverse beam search, seeded sampling (temperature, top-k, nucleus), ensembles, and the
+diversity measures that show their effect."""
+
+import json
+from dataclasses import replace
+
+import pytest
+import torch
+
+from captioner.data.vocabulary import Vocabulary
+from captioner.decoding.ensemble import EnsembleDecoder
+from captioner.decoding.search import (DecodeConfig, TokenRules, beam_search, decode, greedy, sample_captions,
+                                       seeded_uniforms)
+from captioner.evaluation.diversity import diversity_measures
+from captioner.models.lstm_decoder import LSTMDecoder, LSTMDecoderConfig
+from captioner.models.transformer_decoder import TransformerDecoder, TransformerDecoderConfig
+
+VOCAB = Vocabulary(["<pad>", "<start>", "<end>", "<unk>"] + [f"w{i}" for i in range(26)])
+RULES = TokenRules(VOCAB.start_index, VOCAB.end_index)
+
+
+def lstm(seed: int = 0, **kw) -> LSTMDecoder:
+    torch.manual_seed(seed)
+    options = dict(vocab_size=len(VOCAB), region_dim=16, grid=(3, 4), attention_dim=12, embed_dim=10, hidden_dim=14,
+                   dropout=0.0) | kw
+    return LSTMDecoder(LSTMDecoderConfig(**options)).eval()
+
+
+def transformer(seed: int = 0) -> TransformerDecoder:
+    torch.manual_seed(seed)
+    return TransformerDecoder(TransformerDecoderConfig(vocab_size=len(VOCAB), region_dim=16, grid=(3, 4), d_model=16,
+                                                       num_layers=1, num_heads=2, ffn_dim=32, dropout=0.0)).eval()
+
+
+def fond_of(decoder, word: int, bonus: float = 20.0):
+    """The decoder with its output layer tilted towards ``word``."""
+    with torch.no_grad():
+        decoder.out_words.bias[word] += bonus
+    return decoder
+
+
+def features(n: int = 5, seed: int = 1) -> torch.Tensor:
+    return torch.randn(n, 12, 16, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("settings", [DecodeConfig(beam=1), DecodeConfig(beam=3), DecodeConfig(method="sample"),
+                                      DecodeConfig(beam=4, beam_groups=2)], ids=["greedy", "beam", "sample", "diverse"])
+@pytest.mark.parametrize("make", [lstm, transformer], ids=["lstm", "transformer"])
+def test_unk_is_never_emitted_when_suppressed(make, settings):
+    decoder = fond_of(make(), VOCAB.unk_index)
+    loud = decode(decoder, features(), VOCAB, replace(settings, suppress_unk=False))
+    assert any(VOCAB.unk_index in g.tokens for g in loud)           # the model wants <unk> ...
+    for generation in decode(decoder, features(), VOCAB, settings):   # ... and never gets it
+        assert VOCAB.unk_index not in generation.tokens
+        assert VOCAB.start_index not in generation.tokens and VOCAB.pad_index not in generation.tokens
+
+
+def test_token_rules_by_hand():
+    log_probs = torch.zeros(2, 8)
+    words = torch.tensor([[4, 5, 6, 4, 5], [4, 4, 7, 7, 4]])
+
+    def banned(rules, row):
+        return torch.isinf(rules.apply(log_probs, words)[row]).nonzero().flatten().tolist()
+
+    assert banned(TokenRules(1, 2, block_ngram=3), 0) == [0, 1, 6]     # "4 5 6" came before: no 6 after "4 5"
+    assert banned(TokenRules(1, 2, block_ngram=3), 1) == [0, 1]        # no trigram so far starts with "7 4"
+    assert banned(TokenRules(1, 2, block_ngram=2), 0) == [0, 1, 6]     # after "5": not "6" again
+    assert banned(TokenRules(1, 2, block_ngram=2), 1) == [0, 1, 4, 7]  # after "4": "4 4" and "4 7" were used
+    once = TokenRules(1, 2, block_ngram=1, unk_index=3, min_length=6)  # no word twice, no <unk>, no <end> yet
+    assert banned(once, 0) == [0, 1, 2, 3, 4, 5, 6]
+    assert banned(TokenRules(1, 2), 0) == [0, 1]                       # <start> and <pad>, always
+
+
+def test_block_ngram_and_min_length_hold_in_every_search():
+    decoder = fond_of(lstm(), VOCAB.index["w1"], 6.0)
+    for settings in (DecodeConfig(beam=1, block_ngram=2), DecodeConfig(beam=3, block_ngram=2),
+                     DecodeConfig(method="sample", block_ngram=2, temperature=2.0)):
+        looping = decode(decoder, features(), VOCAB, replace(settings, block_ngram=0, max_length=12))
+        assert any(len(set(zip(g.tokens, g.tokens[1:]))) < len(g.tokens) - 1 for g in looping)
+        for g in decode(decoder, features(), VOCAB, replace(settings, max_length=12)):
+            bigrams = list(zip(g.tokens, g.tokens[1:]))
+            assert len(bigrams) == len(set(bigrams))
+    early = fond_of(lstm(), VOCAB.end_index)
+    assert all(g.tokens == [] for g in decode(early, features(), VOCAB, DecodeConfig(beam=3)))
+    assert all(len(g.tokens) >= 4 for g in decode(early, features(), VOCAB, DecodeConfig(beam=3, min_length=4)))
+
+
+def test_n_best_beams_are_sorted_distinct_and_scored_by_the_decoder():
+    decoder = lstm()
+    found = beam_search(decoder, features(3), beam_size=5, max_length=6, rules=RULES, n_best=4)
+    for generation in found:
+        beams = generation.beams
+        assert len(beams) == 4 and beams[0].tokens == generation.tokens
+        assert [b.log_prob for b in beams] == sorted((b.log_prob for b in beams), reverse=True)
+        assert len({tuple(b.tokens) for b in beams}) == 4
+    image = features(3)[:1]
+    for beam in found[0].beams:                        # each score is the decoder's own log-probability
+        torch.set_grad_enabled(False)
+        state, total, token = decoder.init_state(image), 0.0, torch.tensor([VOCAB.start_index])
+        for word in beam.tokens + ([VOCAB.end_index] if len(beam.tokens) < 6 else []):
+            log_probs, state, _ = decoder.step(token, state)
+            total += float(RULES.apply(log_probs, torch.empty(1, 0, dtype=torch.long))[0, word])
+            token = torch.tensor([word])
+        assert total == pytest.approx(beam.log_prob, abs=1e-4)
+    torch.set_grad_enabled(True)
+    assert all(g.beams == [] for g in beam_search(decoder, features(3), beam_size=3, max_length=6, rules=RULES))
+
+
+def test_diverse_beam_search_reduces_to_plain_beam_search_and_diversifies():
+    decoder = lstm()
+    plain = beam_search(decoder, features(), beam_size=3, max_length=8, rules=RULES)
+    one_group = beam_search(decoder, features(), beam_size=3, max_length=8, rules=RULES, groups=1, diversity=5.0)
+    for a, b in zip(plain, one_group):                  # one group: the plain search, bit for bit
+        assert a.tokens == b.tokens and a.log_prob == b.log_prob
+        torch.testing.assert_close(a.attention["alpha"], b.attention["alpha"], rtol=0, atol=0)
+    # without the penalty, the groups are three copies of a beam-2 search
+    copies = beam_search(decoder, features(), beam_size=6, max_length=8, rules=RULES, groups=3, diversity=0.0, n_best=6)
+    small = beam_search(decoder, features(), beam_size=2, max_length=8, rules=RULES, n_best=2)
+    for a, b in zip(copies, small):
+        assert [x.tokens for x in a.beams[::3]] == [x.tokens for x in b.beams]
+        assert [x.tokens for x in a.beams] == [x.tokens for x in b.beams for _ in range(3)]
+    # with it, the groups' first words differ
+    diverse = beam_search(decoder, features(), beam_size=3, max_length=8, rules=RULES, groups=3, diversity=100.0, n_best=3)
+    for generation in diverse:
+        firsts = [b.tokens[0] for b in generation.beams if b.tokens]
+        assert len(set(firsts)) == len(firsts)
+
+
+def test_seeded_sampling_is_the_same_batched_one_by_one_and_k_at_once():
+    decoder = lstm()
+    settings = DecodeConfig(method="sample", temperature=1.5, seed=7)
+    regions = features(4)
+    batched = decode(decoder, regions, VOCAB, settings, images=[10, 11, 12, 13])
+    for i in range(4):
+        (alone,) = decode(decoder, regions[i : i + 1], VOCAB, settings, images=[10 + i])
+        assert alone.tokens == batched[i].tokens and alone.log_prob == pytest.approx(batched[i].log_prob, abs=1e-5)
+    other_seed = decode(decoder, regions, VOCAB, replace(settings, seed=8), images=[10, 11, 12, 13])
+    assert [g.tokens for g in other_seed] != [g.tokens for g in batched]
+    together = sample_captions(decoder, regions, rules=RULES, max_length=8, samples=3,
+                               uniforms=seeded_uniforms([5, 6, 7, 8], 3, 8))
+    for j in range(3):
+        separate = sample_captions(decoder, regions, rules=RULES, max_length=8,
+                                   uniforms=seeded_uniforms([5, 6, 7, 8], 1, 8, first_sample=j))
+        width = separate.tokens.shape[1]
+        torch.testing.assert_close(together.tokens[j::3, :width], separate.tokens)
+        assert together.tokens[j::3, width:].eq(VOCAB.pad_index).all()
+
+
+def test_top_k_one_and_a_tiny_nucleus_are_greedy_and_temperature_spreads():
+    decoder = lstm()
+    regions = features(6)
+    best = [g.tokens for g in greedy(decoder, regions, max_length=8, rules=RULES)]
+    for settings in (DecodeConfig(method="sample", top_k=1), DecodeConfig(method="sample", top_p=1e-6)):
+        assert [g.tokens for g in decode(decoder, regions, VOCAB, replace(settings, max_length=8))] == best
+    hot = decode(decoder, regions, VOCAB, DecodeConfig(method="sample", temperature=5.0, max_length=8))
+    assert [g.tokens for g in hot] != best
+
+
+@pytest.mark.parametrize("settings", [DecodeConfig(beam=1), DecodeConfig(beam=3, n_best=2), DecodeConfig(method="sample")])
+def test_an_ensemble_of_a_model_with_itself_is_the_model(settings):
+    for make in (lstm, transformer):
+        decoder = make()
+        alone = decode(decoder, features(), VOCAB, settings)
+        doubled = decode(EnsembleDecoder([decoder, decoder]), features(), VOCAB, settings)
+        for a, b in zip(alone, doubled):
+            assert a.tokens == b.tokens and a.log_prob == pytest.approx(b.log_prob, abs=1e-4)
+            torch.testing.assert_close(a.attention["alpha"], b.attention["alpha"])
+
+
+def test_a_mixed_ensemble_averages_probabilities():
+    soft, other = lstm(0), transformer(1)
+    ensemble = EnsembleDecoder([soft, other])
+    state = ensemble.init_state(features(2))
+    assert {"0.regions", "0.keys", "1.cross_k0", "1.cross_v0"} <= set(ensemble.fixed_state) & set(state)
+    tokens = torch.full((2,), VOCAB.start_index)
+    mixed, _, attention = ensemble.step(tokens, state)
+    a, _, alpha = soft.step(tokens, soft.init_state(features(2)))
+    b, _, _ = other.step(tokens, other.init_state(features(2)))
+    torch.testing.assert_close(mixed.exp(), (a.exp() + b.exp()) / 2)
+    torch.testing.assert_close(attention["alpha"], alpha["alpha"])            # the first member's maps
+    assert len(beam_search(ensemble, features(3), beam_size=2, max_length=5, rules=RULES)) == 3
+
+
+def test_diversity_measures_by_hand():
+    measures = diversity_measures({1: "a dog runs", 2: "a dog runs", 3: "a man on a man on grass", 4: "a cat cat sits with"})
+    assert measures["vocabulary_used"] == 9
+    assert measures["distinct_captions"] == 0.5
+    assert measures["repeated_word"] == 0.25 and measures["repeated_bigram"] == 0.25
+    assert measures["dangling_end"] == 0.25 and measures["mean_length"] == (3 + 3 + 7 + 5) / 4
+
+
+def test_bad_settings_are_refused():
+    from captioner.errors import CaptionerError
+
+    for bad in (DecodeConfig(beam=3, beam_groups=2), DecodeConfig(beam=3, n_best=4), DecodeConfig(method="nucleus"),
+                DecodeConfig(method="sample", temperature=0.0)):
+        with pytest.raises(CaptionerError, match="decode"):
+            decode(lstm(), features(1), VOCAB, bad)
+
+
+def test_cli_n_best_json_ensembles_and_the_scores_file(tiny_coco, tmp_path, capsys):
+    from captioner.cli import main
+    from captioner.training.engine import train
+    from tests.conftest import tiny_config
+
+    one = train(tiny_config(tiny_coco, tmp_path / "a", train={"epochs": 1}))["checkpoint"]
+    two = train(tiny_config(tiny_coco, tmp_path / "b", train={"epochs": 1}, run={"seed": 1}))["checkpoint"]
+    image = str(tiny_coco / "images" / "test" / "300.png")
+    capsys.readouterr()
+    assert main(["caption", image, "--checkpoint", one, "--beam", "3", "--n-best", "3", "--json", "--device", "cpu"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert len(printed["beams"]) == 3 and printed["beams"][0]["caption"] == printed["caption"]
+    assert len(printed["attention"]["alpha"]) == len(printed["words"]) and printed["grid"] == [2, 2]
+    assert main(["caption", image, "--checkpoint", one, "--checkpoint", two, "--device", "cpu"]) == 0
+    assert capsys.readouterr().out.startswith(image)
+    assert main(["evaluate", one, two, "--split", "test", "--out", str(tmp_path / "ensemble"), "--n-best", "2",
+                 "--device", "cpu", "decode.block_ngram=2"]) == 0
+    scores = json.loads((tmp_path / "ensemble" / "scores_test.json").read_text())
+    assert scores["decode"]["block_ngram"] == 2 and scores["decode"]["suppress_unk"] is True
+    assert {"vocabulary_used", "distinct_captions", "repeated_word", "dangling_end"} <= scores["diversity"].keys()
+    nbest = json.loads((tmp_path / "ensemble" / "nbest_test.json").read_text())
+    assert len(nbest) == 6 and all(len(item["beams"]) == 2 for item in nbest)
+    other = train(tiny_config(tiny_coco, tmp_path / "c", train={"epochs": 1}, data={"vocab_max_size": 7}))["checkpoint"]
+    capsys.readouterr()
+    assert main(["evaluate", one, other, "--split", "test", "--device", "cpu"]) == 1
+    assert "an ensemble needs one vocabulary" in capsys.readouterr().err
