@@ -91,6 +91,14 @@ SECTIONS: dict = {
         "amp": False,               # mixed precision on CUDA: bf16 where supported, else fp16 with a gradient scaler
         "compile": False,           # torch.compile the model (CUDA only; ignored on CPU)
         "channels_last": True,      # channels-last memory format for the CNN when fine-tuning on CUDA
+        "init_from": None,          # a checkpoint to start from: its weights, vocabulary, model and encoder settings
+        "objective": "xe",          # xe: cross-entropy (the loss section) | scst: self-critical training on CIDEr-D
+        "scst_after_epoch": 0,      # objective scst: this many epochs of cross-entropy first
+        "scst_samples": 5,          # objective scst: captions sampled per image (train.batch_size counts images)
+        "scst_baseline": "mean",    # mean: of the image's other samples (Luo 2020) | greedy: its greedy caption's reward
+        "scst_temperature": 1.0,    # objective scst: sampling temperature
+        "scst_bleu_weight": 0.0,    # objective scst: reward = CIDEr-D + this * BLEU-4
+        "scst_count_end": True,     # objective scst: <end> counts as a word in the reward, so captions learn to stop
     },
 }
 ORDER = ("run", "data", "encoder", "model", "loss", "train", "decode")

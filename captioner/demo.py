@@ -25,7 +25,8 @@ from captioner.inference import attend_file
 from captioner.training.engine import train
 from captioner.visualisation.report import write_report
 
-DEMO_RUNS = ("soft", "none", "hard", "transformer")
+DEMO_RUNS = ("soft", "none", "hard", "transformer", "soft_scst")
+STARTS_FROM = {"soft_scst": "soft"}   # runs that fine-tune another run's best checkpoint
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 FIGURE_IMAGES = 4
 SUMMARY_KEYS = ("BLEU-4", "CIDEr", "METEOR", "object_precision", "relation_accuracy", "pointing_accuracy")
@@ -103,24 +104,13 @@ def run_demo(out: Path, data_dir: Path, fast: bool = False, runs: tuple[str, ...
     data_info = ensure_shapes(data_dir, num_images=150 if fast else 3000)
     reset_stale_features(out / "features", data_info)
     common = shapes_overrides(data_dir, out / "features") + (FAST_OVERRIDES if fast else [])
-    configs = {name: load_config(CONFIG_DIR / f"demo_{name}.yaml", common + [f"run.out={out / name}"]) for name in runs}
+    configs = {name: load_config(CONFIG_DIR / f"demo_{name}.yaml", common + [f"run.out={out / name}"] + (
+        [f"train.init_from={out / STARTS_FROM[name] / 'best.pt'}"] if name in STARTS_FROM else [])) for name in runs}
     feature_seconds = cache_demo_features(configs[runs[0]])
     print(f"features cached in {feature_seconds:.1f} s")
     summary: dict = {"runs": {}, "figures": [], "feature_seconds": round(feature_seconds, 1)}
     for name, config in configs.items():
-        model = config["model"]
-        kind = ("Transformer decoder" if model["decoder"] == "transformer"
-                else f"LSTM, {model['lstm']['attention']} {model['lstm']['attention_mode']} attention")
-        print(f"\n== training '{name}' ({kind}) ==")
-        result = train(config, overwrite=True)
-        scores = evaluate_checkpoint(result["checkpoint"], "test", out_dir=out / name, progress=False)
-        elapsed = time.perf_counter() - started
-        print(f"'{name}' trained and scored {elapsed / 60:.1f} min after the start (data and features included): "
-              f"test BLEU-4 {scores['BLEU-4']:.3f}")
-        summary["runs"][name] = {**{k: scores.get(k) for k in SUMMARY_KEYS}, "ROUGE-L": scores.get("ROUGE-L"),
-                                 "BLEU-1": scores.get("BLEU-1"), "train_seconds": round(result["train_seconds"], 1),
-                                 "words_per_s": round(result["words_per_s"] or 0), "epochs": result["epochs"],
-                                 "done_after_seconds": round(elapsed, 1), "checkpoint": result["checkpoint"]}
+        summary["runs"][name] = train_and_score(name, config, out, started)
     print("\n== captions and attention figures (soft) ==")
     figure_dir = out / "figures"
     summary["figures"] = demo_figures(Path(summary["runs"][runs[0]]["checkpoint"]), configs[runs[0]], figure_dir,
@@ -133,6 +123,24 @@ def run_demo(out: Path, data_dir: Path, fast: bool = False, runs: tuple[str, ...
     print_summary(summary)
     print(f"\nwrote {out / 'summary.json'}")
     return summary
+
+
+def train_and_score(name: str, config: dict, out: Path, started: float) -> dict:
+    """Train one demo run, score it on the test split; its row of the summary."""
+    model, objective = config["model"], config["train"]["objective"]
+    kind = ("Transformer decoder" if model["decoder"] == "transformer"
+            else f"LSTM, {model['lstm']['attention']} {model['lstm']['attention_mode']} attention")
+    if objective == "scst":
+        kind = f"self-critical fine-tuning of {Path(config['train']['init_from']).parent.name}"
+    print(f"\n== training '{name}' ({kind}) ==")
+    result = train(config, overwrite=True)
+    scores = evaluate_checkpoint(result["checkpoint"], "test", out_dir=out / name, progress=False)
+    elapsed = time.perf_counter() - started
+    print(f"'{name}' trained and scored {elapsed / 60:.1f} min after the start (data and features included): "
+          f"test BLEU-4 {scores['BLEU-4']:.3f}, CIDEr {scores['CIDEr']:.3f}")
+    return {**{k: scores.get(k) for k in SUMMARY_KEYS}, "ROUGE-L": scores.get("ROUGE-L"), "BLEU-1": scores.get("BLEU-1"),
+            "train_seconds": round(result["train_seconds"], 1), "words_per_s": round(result["words_per_s"] or 0),
+            "epochs": result["epochs"], "done_after_seconds": round(elapsed, 1), "checkpoint": result["checkpoint"]}
 
 
 def print_summary(summary: dict) -> None:

@@ -51,7 +51,8 @@ class GatedBagDecoder(nn.Module):
 
     def forward(self, regions: torch.Tensor, captions: torch.Tensor) -> TeacherForced:
         logits, alpha = self.attend(regions, self.embedding(captions[:, :-1]))
-        return TeacherForced(logits=logits, alpha=alpha * (captions[:, 1:] != 0).unsqueeze(-1))
+        real = captions[:, 1:] != 0                                     # logits at the real positions only
+        return TeacherForced(logits=logits[real], alpha=alpha * real.unsqueeze(-1))
 
     def init_state(self, regions: torch.Tensor) -> dict[str, torch.Tensor]:
         return {"regions": regions}

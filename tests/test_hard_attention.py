@@ -44,7 +44,7 @@ def test_training_output_and_expectation_mixing_probability():
 def test_several_location_samples_repeat_each_caption():
     decoder = make_hard(location_samples=3).train()
     out = decoder(torch.randn(3, 6, 6), CAPTIONS)
-    assert out.logits.shape[0] == 9 and out.repeats == 3
+    assert out.alpha.shape[0] == 9 and out.logits.shape[0] == 3 * (3 + 4 + 2) and out.repeats == 3
     loss = hard_loss()(out, CAPTIONS[:, 1:])
     assert int(loss["words"]) == 3 * (3 + 4 + 2)
 
@@ -84,7 +84,8 @@ def test_reinforce_gradient_reaches_attention_and_reward_is_detached():
     assert grad_out is None or grad_out.abs().sum() == 0
     # REINFORCE by hand: -(reward - b) * sum_t log alpha_t[s_t], over real words.
     mask = targets != 0
-    reward = -torch.nn.functional.cross_entropy(out.logits.transpose(1, 2), targets, reduction="none").mul(mask).sum(1)
+    reward = -torch.nn.functional.cross_entropy(out.padded_logits(mask).transpose(1, 2), targets,
+                                                reduction="none").mul(mask).sum(1)
     manual = -((reward.detach() + 5.0) * (out.log_prob_location * mask).sum(1)).sum() / mask.sum()
     torch.testing.assert_close(loss["reinforce"], manual)
 
@@ -113,7 +114,8 @@ def test_per_word_reward_is_the_log_likelihood_divided_by_caption_length():
     sequence = hard_loss()(out, targets)["reward"]
     per_word = hard_loss(hard_reward="per_word")(out, targets)["reward"]
     # rewards are reported as the batch mean; recompute both from the logits
-    token_log_probs = torch.log_softmax(out.logits, -1).gather(2, targets.unsqueeze(2)).squeeze(2) * (targets != 0)
+    log_probs = torch.log_softmax(out.padded_logits(targets != 0), -1)
+    token_log_probs = log_probs.gather(2, targets.unsqueeze(2)).squeeze(2) * (targets != 0)
     lengths = (targets != 0).sum(1)
     assert sequence.item() == pytest.approx(token_log_probs.sum(1).mean().item(), rel=1e-5)
     assert per_word.item() == pytest.approx((token_log_probs.sum(1) / lengths).mean().item(), rel=1e-5)

@@ -66,7 +66,7 @@ def test_forward_shapes_alpha_rows_sum_to_one_and_padding_steps_attend_nowhere()
     decoder = make_decoder(region_position="sinusoidal", position_dim=8).eval()
     captions = captions_batch()
     out = decoder(torch.randn(3, 12, 16), captions)
-    assert out.logits.shape == (3, 6, 30) and out.alpha.shape == (3, 6, 12)
+    assert out.logits.shape == (12, 30) and out.alpha.shape == (3, 6, 12)   # logits at the 4 + 2 + 6 real words
     real = captions[:, 1:] != 0
     torch.testing.assert_close(out.alpha.sum(-1), real.float())
 
@@ -83,7 +83,8 @@ def test_teacher_forced_batch_equals_each_caption_alone(kind):
         for row in range(5):
             n = int((captions[row, 1:] != 0).sum())
             alone = decoder(features[row : row + 1], captions[row : row + 1, : n + 1])
-            torch.testing.assert_close(together.logits[row, :n], alone.logits[0], rtol=1e-5, atol=1e-5)
+            logits = together.padded_logits(captions[:, 1:] != 0)
+            torch.testing.assert_close(logits[row, :n], alone.logits, rtol=1e-5, atol=1e-5)
             torch.testing.assert_close(together.alpha[row, :n], alone.alpha[0], rtol=1e-5, atol=1e-6)
             assert together.alpha[row, n:].eq(0).all()
 
@@ -91,14 +92,12 @@ def test_teacher_forced_batch_equals_each_caption_alone(kind):
 def test_loss_ignores_padding():
     decoder = make_decoder().eval()
     features, captions = torch.randn(3, 12, 16), captions_batch()
-    other = captions.clone()
-    other[captions == 0] = 9  # change only padded positions (after <end>)
-    def loss_of(c):
-        out = decoder(features, c)
-        return caption_loss(out.logits, captions[:, 1:], out.alpha, 1.0)
-    a, b = loss_of(captions), loss_of(other)
-    torch.testing.assert_close(a["loss"], b["loss"])
-    assert int(a["words"]) == 4 + 2 + 6
+    mask = captions[:, 1:] != 0
+    out = decoder(features, captions)
+    packed = caption_loss(out.logits, captions[:, 1:], out.alpha, 1.0)
+    garbage = out.padded_logits(mask).masked_fill(~mask.unsqueeze(-1), 100.0)   # whatever sits at padding
+    torch.testing.assert_close(caption_loss(garbage, captions[:, 1:], out.alpha, 1.0)["loss"], packed["loss"])
+    assert int(packed["words"]) == 4 + 2 + 6 and out.logits.shape[0] == 12
 
 
 def test_doubly_stochastic_term_by_hand():

@@ -53,7 +53,8 @@ def test_causal_mask_does_not_leak():
     changed = captions.clone()
     changed[:, 4] = torch.tensor([5, 7])
     with torch.no_grad():
-        before, after = decoder(features, captions).logits, decoder(features, changed).logits
+        mask = captions[:, 1:] != 0
+        before, after = (decoder(features, c).padded_logits(mask) for c in (captions, changed))
     torch.testing.assert_close(after[:, :4], before[:, :4], rtol=0, atol=0)
     assert not torch.allclose(after[:, 4], before[:, 4])
 
@@ -65,14 +66,16 @@ def test_padding_does_not_change_real_positions():
     captions = captions_with_lengths(lengths, torch.Generator().manual_seed(1))
     with torch.no_grad():
         padded = decoder(features, captions)
-        more_padding = decoder(features, torch.cat([captions, torch.zeros(3, 4, dtype=torch.long)], dim=1))
+        extended = torch.cat([captions, torch.zeros(3, 4, dtype=torch.long)], dim=1)
+        more_padding = decoder(features, extended)
         noise = captions.clone()
         noise[noise == 0] = torch.randint(4, VOCAB, (int((noise == 0).sum()),))
         noisy = decoder(features, noise)
         for row, n in enumerate(lengths):
             alone = decoder(features[row : row + 1], captions[row : row + 1, : n + 2])
-            for out in (padded, more_padding, noisy):
-                torch.testing.assert_close(out.logits[row, : n + 1], alone.logits[0], rtol=1e-5, atol=1e-5)
+            for out, shown in ((padded, captions), (more_padding, extended), (noisy, noise)):
+                logits = out.padded_logits(shown[:, 1:] != 0)
+                torch.testing.assert_close(logits[row, : n + 1], alone.logits, rtol=1e-5, atol=1e-5)
                 torch.testing.assert_close(out.alpha[row, : n + 1], alone.alpha[0], rtol=1e-5, atol=1e-5)
     assert torch.isfinite(padded.logits).all()
 
@@ -87,7 +90,7 @@ def test_incremental_decoding_equals_forward(options, use_cache):
     order = torch.tensor([2, 0, 3, 1])
     with torch.no_grad():
         out = decoder(features, captions)
-        expected_log_probs = out.logits.log_softmax(-1)
+        expected_log_probs = out.padded_logits(captions[:, 1:] != 0).log_softmax(-1)
         state = decoder.init_state(features, use_cache=use_cache)
         rows = torch.arange(4)
         for t in range(captions.shape[1] - 1):

@@ -160,12 +160,14 @@ class SampledCaptions:
     the drawn positions (``<end>`` included); ``log_probs`` (N, T) the log-probability of each drawn word under
     the distribution it was drawn from (after the temperature, before top-k/top-p), 0 after ``<end>``, with its
     gradient when grad mode is on; ``model_log_probs`` (N, T) the same under the model itself (temperature 1),
-    detached; ``attention`` name -> (N, T, L)."""
+    detached; ``entropy`` (N, T) the entropy of the distribution each word was drawn from, detached, 0 after
+    ``<end>``; ``attention`` name -> (N, T, L)."""
 
     tokens: torch.Tensor
     mask: torch.Tensor
     log_probs: torch.Tensor
     model_log_probs: torch.Tensor
+    entropy: torch.Tensor
     attention: dict[str, torch.Tensor]
 
     def generations(self, end_index: int) -> list[Generation]:
@@ -230,7 +232,7 @@ def sample_captions(decoder, regions: torch.Tensor, *, rules: TokenRules, max_le
     tokens = torch.full((rows,), rules.start_index, dtype=torch.long, device=device)
     finished = torch.zeros(rows, dtype=torch.bool, device=device)
     words = torch.empty(rows, 0, dtype=torch.long, device=device)
-    drawn, policy, model, history = [], [], [], []
+    drawn, policy, model, entropy, history = [], [], [], [], []
     for step in range(max_length):
         log_probs, state, attention = decoder.step(tokens, state)
         allowed = rules.apply(log_probs, words)
@@ -244,6 +246,8 @@ def sample_captions(decoder, regions: torch.Tensor, *, rules: TokenRules, max_le
         live = ~finished
         policy.append(torch.where(live, scaled.gather(1, tokens[:, None]).squeeze(1), 0.0))
         model.append(torch.where(live, allowed.detach().gather(1, tokens[:, None]).squeeze(1), 0.0))
+        spread = scaled.detach()
+        entropy.append(torch.where(live, -(spread.exp() * spread.nan_to_num(neginf=0.0)).sum(dim=1), 0.0))
         drawn.append(live)
         history.append({name: value * live[:, None] for name, value in attention.items()})
         words = torch.cat([words, tokens[:, None]], dim=1)
@@ -251,7 +255,8 @@ def sample_captions(decoder, regions: torch.Tensor, *, rules: TokenRules, max_le
         if finished.all():
             break
     return SampledCaptions(tokens=words, mask=torch.stack(drawn, 1), log_probs=torch.stack(policy, 1),
-                           model_log_probs=torch.stack(model, 1), attention=_stack_attention(history))
+                           model_log_probs=torch.stack(model, 1), entropy=torch.stack(entropy, 1),
+                           attention=_stack_attention(history))
 
 
 @torch.inference_mode()

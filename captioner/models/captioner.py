@@ -60,11 +60,16 @@ class Captioner(nn.Module):
             raise ValueError("give exactly one of images or features")
         return self.encoder(images) if images is not None else features
 
-    def forward(self, captions: torch.Tensor, *, images: torch.Tensor | None = None,
-                features: torch.Tensor | None = None):
-        """Teacher-forced pass over ``captions`` (B, T+1); returns the decoder's
-        :class:`~captioner.models.decoder.TeacherForced` output."""
-        return self.decoder(self.regions(images=images, features=features), captions)
+    def forward(self, captions: torch.Tensor | None = None, *, images: torch.Tensor | None = None,
+                features: torch.Tensor | None = None, objective=None, image_ids=None):
+        """Teacher-forced pass over ``captions`` (B, T+1): the decoder's
+        :class:`~captioner.models.decoder.TeacherForced` output. Or, given a sequence-level ``objective`` (a
+        callable ``objective(decoder, regions, image_ids)``, e.g. self-critical training), its losses on the
+        images: either way through ``forward``, so DistributedDataParallel sees the pass."""
+        regions = self.regions(images=images, features=features)
+        if objective is not None:
+            return objective(self.decoder, regions, image_ids)
+        return self.decoder(regions, captions)
 
 
 def build_decoder(model_config: dict, vocab_size: int, feature_dim: int, grid: tuple[int, int]) -> nn.Module:

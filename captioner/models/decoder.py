@@ -35,7 +35,8 @@ OBJECTIVES = ("likelihood", "hard_attention")
 class TeacherForced:
     """A teacher-forced pass over B' captions of T steps.
 
-    ``logits`` (B', T, V) predict the caption's next words (meaningless at padding positions); ``alpha``
+    ``logits`` (W, V) predict the caption's next words at its W real positions only (``captions[:, 1:] !=
+    <pad>``, row-major: the order of ``targets[mask]``), so padding costs no output layer; ``alpha``
     (B', T, L) the attention of each step (rows sum to 1 at real steps, zero at padding; None without
     attention). B' = B, except in hard-attention training with M location samples per caption (B' = B * M,
     each caption repeated M times in a row: ``repeats`` = M). Hard-attention training also fills
@@ -51,6 +52,12 @@ class TeacherForced:
     entropy: torch.Tensor | None = None
     expectation_rows: torch.Tensor | None = None
     alpha_heads: torch.Tensor | None = None
+
+    def padded_logits(self, mask: torch.Tensor) -> torch.Tensor:
+        """``logits`` as (B', T, V), zero at the positions ``mask`` (B', T) marks as padding."""
+        padded = self.logits.new_zeros(*mask.shape, self.logits.shape[-1])
+        padded[mask] = self.logits
+        return padded
 
 
 @runtime_checkable

@@ -157,7 +157,8 @@ class LSTMDecoder(nn.Module):
 
         Each caption runs for its own words only: the recurrence visits the captions longest first and
         step t advances just those still running (a shrinking prefix), so padding costs no recurrent
-        work. At padding steps ``alpha`` and the location terms are zero and the logits are meaningless.
+        work, and the output layer runs at the real positions only. At padding steps ``alpha`` and the location
+        terms are zero.
         """
         sampling = self.hard and self.training
         repeats = self.config.location_samples if sampling else 1
@@ -188,7 +189,8 @@ class LSTMDecoder(nn.Module):
                 stacked = F.pad(stacked, [0, 0] * (stacked.dim() - 2) + [0, num_steps - stacked.shape[1]])
             return stacked.index_select(0, inverse)
 
-        out = TeacherForced(logits=self.output_logits(embedded, in_callers_order(hs), in_callers_order(zs)),
+        real = captions[:, 1:] != Vocabulary.pad_index                 # the output layer at real positions only
+        out = TeacherForced(logits=self.output_logits(embedded[real], in_callers_order(hs)[real], in_callers_order(zs)[real]),
                             alpha=in_callers_order(alphas), repeats=repeats)
         if sampling:
             out.log_prob_location = in_callers_order([i["log_prob_location"] for i in infos])

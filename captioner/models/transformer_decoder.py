@@ -193,7 +193,8 @@ class TransformerDecoder(nn.Module):
                    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Teacher-forced pass of ``tokens`` (B, T) (``<pad>`` = 0) over ``memory_kv`` from :meth:`memory_kv`.
 
-        Returns ``logits`` (B, T, V) and the reported layer's per-head cross-attention ``(B, heads, T, L)``.
+        Returns the final (normalised) states ``(B, T, d_model)``, which ``out_words`` maps to logits, and the
+        reported layer's per-head cross-attention ``(B, heads, T, L)``.
         """
         steps = tokens.shape[1]
         self.check_length(steps)
@@ -204,20 +205,22 @@ class TransformerDecoder(nn.Module):
             x, _, layer_weights = layer(x, layer_kv, self_mask, need_weights=i == self.attention_layer)
             if layer_weights is not None:
                 weights = layer_weights
-        return self.out_words(self.final_norm(x)), weights
+        return self.final_norm(x), weights
 
     # -- teacher forcing ------------------------------------------------------------------------------
     def forward(self, features: torch.Tensor, captions: torch.Tensor, heads: bool = False) -> TeacherForced:
         """Teacher-forced pass.
 
         ``features`` (B, L, D); ``captions`` (B, T+1) = ``<start> w_1 .. <end> <pad>..``. Returns ``logits``
-        (B, T, V) predicting ``captions[:, 1:]`` and ``alpha`` (B, T, L), the reported layer's
+        (W, V) at the W real positions of ``captions[:, 1:]`` and ``alpha`` (B, T, L), the reported layer's
         cross-attention averaged over heads; with ``heads``, also its per-head maps ``alpha_heads``
         (B, heads, T, L). ``<pad>`` keys are masked, so padding never changes a real word's logits.
         """
         memory_kv = self.memory_kv(self.prepare_regions(features))
-        logits, weights = self.run_layers(captions[:, :-1], memory_kv)
-        return TeacherForced(logits=logits, alpha=weights.mean(dim=1), alpha_heads=weights if heads else None)
+        states, weights = self.run_layers(captions[:, :-1], memory_kv)
+        real = captions[:, 1:] != Vocabulary.pad_index                 # the output layer at real positions only
+        return TeacherForced(logits=self.out_words(states[real]), alpha=weights.mean(dim=1),
+                             alpha_heads=weights if heads else None)
 
     # -- the decode-step interface --------------------------------------------------------------------
     @property
@@ -246,9 +249,10 @@ class TransformerDecoder(nn.Module):
         position = state["position"]
         if "memory" in state:
             prefix = torch.cat([state["tokens"], tokens[:, None]], dim=1)
-            logits, weights = self.run_layers(prefix, self.memory_kv(state["memory"]))
+            states, weights = self.run_layers(prefix, self.memory_kv(state["memory"]))
             new_state = {**state, "tokens": prefix, "position": position + 1}
-            return torch.log_softmax(logits[:, -1].float(), dim=-1), new_state, {"alpha": weights[:, :, -1].mean(dim=1)}
+            log_probs = torch.log_softmax(self.out_words(states[:, -1]).float(), dim=-1)
+            return log_probs, new_state, {"alpha": weights[:, :, -1].mean(dim=1)}
         self.check_length(state["self_k0"].shape[2] + 1)
         x = self.embed(tokens[:, None], position[:, None])
         new_state = {**state, "position": position + 1}

@@ -50,6 +50,7 @@ from captioner.training.distributed import (
 )
 from captioner.training.losses import build_loss
 from captioner.training.run_io import GracefulStop, MetricsLogger
+from captioner.training.scst import SelfCritical, metric_reward
 from captioner.utils import rng_state, seed_everything, set_rng_state
 
 log = logging.getLogger(__name__)
@@ -84,13 +85,18 @@ class Run:
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     scaler: torch.amp.GradScaler
-    sampler: EpochSampler
-    loader: DataLoader
+    loaders: dict[str, DataLoader]  # per objective: "xe" over (image, caption) pairs, "scst" over images
     val_set: CaptionDataset
+    self_critical: SelfCritical | None
     logger: MetricsLogger
     rank_batch: int
     started: float = field(default_factory=time.perf_counter)
     seconds_before: float = 0.0     # training time of the earlier parts of a resumed run
+
+    def objective(self, epoch: int) -> str:
+        """``xe`` or ``scst``: what epoch ``epoch`` (from 0) optimises."""
+        train = self.config["train"]
+        return "scst" if train["objective"] == "scst" and epoch >= train["scst_after_epoch"] else "xe"
 
     def save(self, state: TrainState, name: str = "last") -> None:
         """Write ``{name}.pt`` (rank 0 only), the training time so far included."""
@@ -204,35 +210,82 @@ def wrap_model(model: Captioner, config: dict, world: World, device: torch.devic
     return net
 
 
-def build_run(config: dict, world: World, device: torch.device, checkpoint: dict | None) -> Run:
-    """Data, model, loss, optimizer and loader of a run (new, or about to resume from ``checkpoint``)."""
+def epoch_loader(dataset: CaptionDataset, config: dict, world: World, device: torch.device, rank_batch: int,
+                 bucket: bool) -> DataLoader:
+    """A loader whose :class:`EpochSampler` gives every epoch its own order (``loader.sampler.set_epoch``)."""
+    data = config["data"]
+    sampler = EpochSampler(len(dataset), seed=config["run"]["seed"], rank=world.rank, world_size=world.size,
+                           lengths=[dataset.caption_length(i) for i in range(len(dataset))],
+                           bucket_batch=config["train"]["batch_size"] if bucket else 0)
+    workers = data["num_workers"]
+    return DataLoader(dataset, batch_size=rank_batch, sampler=sampler, collate_fn=collate, num_workers=workers,
+                      pin_memory=device.type == "cuda", persistent_workers=workers > 0,
+                      generator=torch.Generator())  # keeps the global random state untouched
+
+
+def build_run(config: dict, world: World, device: torch.device, checkpoint: dict | None,
+              initial: dict | None = None) -> Run:
+    """Data, model, loss, optimizer and loaders of a run: new, about to resume from ``checkpoint``, or starting
+    from the weights and vocabulary of ``initial`` (``train.init_from``)."""
     data, train = config["data"], config["train"]
     rank_batch = check_train_settings(config, world)
     train_records, val_records = read_split(data, "train"), read_split(data, "val")
-    vocab = Vocabulary.from_dict(checkpoint["vocab"]) if checkpoint else training_vocabulary(data, train_records)
-    model = build_model(config, len(vocab), pretrained=checkpoint is None)
-    train_set = make_dataset(config, train_records, vocab, model.encoder, pairs=True)
-    val_set = make_dataset(config, val_records, vocab, model.encoder, pairs=False)
+    carried = checkpoint or initial
+    vocab = Vocabulary.from_dict(carried["vocab"]) if carried else training_vocabulary(data, train_records)
+    model = build_model(config, len(vocab), pretrained=carried is None)
+    if initial is not None:
+        model.load_state_dict(model_and_loss_states(initial)[0])
     check_cache_matches(data["features"], config["encoder"])
     model.to(device)
     if train["channels_last"] and device.type == "cuda":
         model.encoder.to(memory_format=torch.channels_last)
-    sampler = EpochSampler(len(train_set), seed=config["run"]["seed"], rank=world.rank, world_size=world.size,
-                           lengths=[train_set.caption_length(i) for i in range(len(train_set))],
-                           bucket_batch=train["batch_size"] if data["bucket_by_length"] else 0)
+    loaders = {"xe": epoch_loader(make_dataset(config, train_records, vocab, model.encoder, pairs=True), config, world,
+                                  device, rank_batch, data["bucket_by_length"])}
+    self_critical = None
+    if train["objective"] == "scst":
+        loaders["scst"] = epoch_loader(make_dataset(config, train_records, vocab, model.encoder, pairs=False), config,
+                                       world, device, rank_batch, bucket=False)
+        self_critical = make_self_critical(config, vocab, train_records)
     optimizer = make_optimizer(model, config)
-    workers = data["num_workers"]
-    loader = DataLoader(train_set, batch_size=rank_batch, sampler=sampler, collate_fn=collate, num_workers=workers,
-                        pin_memory=device.type == "cuda", persistent_workers=workers > 0,
-                        generator=torch.Generator())  # keeps the global random state untouched
+    first = loaders["scst" if train["objective"] == "scst" and train["scst_after_epoch"] == 0 else "xe"]
     return Run(config=config, world=world, device=device, dir=Path(config["run"]["out"]), vocab=vocab, model=model,
                net=wrap_model(model, config, world, device), loss=build_loss(model.decoder, config["loss"]).to(device),
-               optimizer=optimizer, scheduler=make_scheduler(optimizer, config, math.ceil(len(sampler) / rank_batch)),
+               optimizer=optimizer, scheduler=make_scheduler(optimizer, config, len(first)),
                scaler=torch.amp.GradScaler(device.type, enabled=train["amp"] and device.type == "cuda"
                                            and not torch.cuda.is_bf16_supported()),
-               sampler=sampler, loader=loader, val_set=val_set,
+               loaders=loaders, val_set=make_dataset(config, val_records, vocab, model.encoder, pairs=False),
+               self_critical=self_critical,
                logger=MetricsLogger(Path(config["run"]["out"]), config, train["wandb"], enabled=world.is_main),
                rank_batch=rank_batch)
+
+
+def make_self_critical(config: dict, vocab: Vocabulary, train_records) -> SelfCritical:
+    """The self-critical objective: CIDEr-D (+ BLEU-4) against the training references, whose document
+    frequencies are cached beside the features (or the vocabulary file, or the run)."""
+    data, train = config["data"], config["train"]
+    cache = data["features"] or (Path(data["vocab"]).parent if data["vocab"] else config["run"]["out"])
+    reward = metric_reward({r.image_id: r.captions for r in train_records}, cache, count_end=train["scst_count_end"],
+                           bleu_weight=train["scst_bleu_weight"])
+    try:
+        return SelfCritical(reward, vocab, samples=train["scst_samples"], baseline=train["scst_baseline"],
+                            temperature=train["scst_temperature"], max_length=config["decode"]["max_length"],
+                            suppress_unk=config["decode"]["suppress_unk"], entropy_weight=config["loss"]["entropy_weight"])
+    except ValueError as err:
+        raise CaptionerError(str(err)) from None
+
+
+def initial_checkpoint(config: dict) -> tuple[dict, dict | None]:
+    """``train.init_from``'s checkpoint, and the config with that checkpoint's model and encoder sections (a run
+    that starts from trained weights keeps their architecture and vocabulary)."""
+    path = config["train"]["init_from"]
+    if not path:
+        return config, None
+    initial = load_checkpoint(path)
+    carried = complete(initial["config"])
+    changed = [k for section in ("model", "encoder") for k in _differences(carried[section], config[section], f"{section}.")]
+    if changed:
+        log.info("%s: taking its model and encoder settings (%s differed)", path, ", ".join(changed))
+    return {**config, "model": carried["model"], "encoder": carried["encoder"]}, initial
 
 
 def restore(run: Run, checkpoint: dict) -> TrainState:
@@ -251,12 +304,15 @@ def restore(run: Run, checkpoint: dict) -> TrainState:
     return state
 
 
-def decoder_loss(run: Run, batch: dict) -> dict[str, torch.Tensor]:
-    """Forward pass and loss of one batch on this rank."""
+def decoder_loss(run: Run, batch: dict, objective: str = "xe") -> dict[str, torch.Tensor]:
+    """Forward pass and loss of one batch on this rank: cross-entropy (the ``loss`` section's) of the batch's
+    captions, or the self-critical loss of captions sampled for its images."""
     channels_last = run.config["train"]["channels_last"] and run.device.type == "cuda"
     inputs = visual_inputs(batch, run.device, channels_last=channels_last)
-    captions = batch["captions"].to(run.device, non_blocking=True)
     with autocast(run.device, run.config["train"]["amp"]):
+        if objective == "scst":
+            return run.net(objective=run.self_critical, image_ids=batch["image_id"], **inputs)
+        captions = batch["captions"].to(run.device, non_blocking=True)
         return run.loss(run.net(captions, **inputs), captions[:, 1:])
 
 
@@ -300,31 +356,30 @@ def optimizer_step(run: Run, state: TrainState, losses: dict, stop: GracefulStop
     return global_words, bool(stopping_ranks or stop.requested and not world.distributed)
 
 
-LOGGED_TERMS = ("attention", "reinforce", "entropy", "reward", "baseline")
-
-
-def log_step(run: Run, state: TrainState, losses: dict, words_per_s: float) -> None:
-    record = {"type": "train", "step": state.step, "epoch": state.epoch + 1, "loss": losses["loss"].item(),
-              "cross_entropy": losses["cross_entropy"].item(), "words_per_s": words_per_s,
-              "lr": run.optimizer.param_groups[0]["lr"]}
-    record.update({key: losses[key].item() for key in LOGGED_TERMS if key in losses})
+def log_step(run: Run, state: TrainState, losses: dict, words_per_s: float, objective: str) -> None:
+    """One metrics line: the loss and every term of it (cross-entropy, attention, reinforce, reward, ...)."""
+    record = {"type": "train", "step": state.step, "epoch": state.epoch + 1, "objective": objective,
+              "words_per_s": words_per_s, "lr": run.optimizer.param_groups[0]["lr"]}
+    record.update({key: value.item() for key, value in losses.items() if key != "words" and value.dim() == 0})
     run.logger.log(record)
 
 
 def train_one_epoch(run: Run, state: TrainState, stop: GracefulStop) -> bool:
     """One pass over the loader, from ``state.batch_in_epoch`` on. Returns False when asked to stop part-way."""
-    train = run.config["train"]
+    train, objective = run.config["train"], run.objective(state.epoch)
+    loader = run.loaders[objective]
+    loader.sampler.set_epoch(state.epoch, start=state.batch_in_epoch * run.rank_batch)
     run.model.train()
     run.loss.train()
     words_seen, started = 0, time.perf_counter()
-    bar = tqdm(run.loader, desc=f"epoch {state.epoch + 1}/{train['epochs']}", unit="batch", leave=False,
-               disable=not run.world.is_main, initial=state.batch_in_epoch, total=state.batch_in_epoch + len(run.loader))
+    bar = tqdm(loader, desc=f"epoch {state.epoch + 1}/{train['epochs']} ({objective})", unit="batch", leave=False,
+               disable=not run.world.is_main, initial=state.batch_in_epoch, total=state.batch_in_epoch + len(loader))
     for batch in bar:
         log_skipped_images(run, state, batch)
         state.batch_in_epoch += 1  # consumed, even if skipped below: a resumed run starts after it
         if batch["size"] == 0:
             continue
-        losses = decoder_loss(run, batch)
+        losses = decoder_loss(run, batch, objective)
         stepped = optimizer_step(run, state, losses, stop)
         if stepped is None:
             continue
@@ -332,7 +387,7 @@ def train_one_epoch(run: Run, state: TrainState, stop: GracefulStop) -> bool:
         words_per_s = words_seen / (time.perf_counter() - started)
         bar.set_postfix(loss=f"{losses['loss'].item():.3f}", words_s=f"{words_per_s:.0f}")
         if state.step % train["log_every"] == 0:
-            log_step(run, state, losses, words_per_s)
+            log_step(run, state, losses, words_per_s, objective)
         if train["checkpoint_every"] and state.step % train["checkpoint_every"] == 0:
             run.save(state)
         if stepped[1]:
@@ -391,8 +446,9 @@ def _train(config: dict, world: World, device: torch.device, *, resume: bool, ov
     run_dir = Path(config["run"]["out"])
     prepare_run_dir(run_dir, resume=resume, overwrite=overwrite, world=world)
     seed_everything(config["run"]["seed"])
+    config, initial = initial_checkpoint(config)
     checkpoint = resumable_checkpoint(config, run_dir / "last.pt") if resume else None
-    run = build_run(config, world, device, checkpoint)
+    run = build_run(config, world, device, checkpoint, None if checkpoint else initial)
     state = restore(run, checkpoint) if checkpoint else TrainState()
     if world.is_main:
         save_config(config, run_dir / "config.yaml")
@@ -400,7 +456,6 @@ def _train(config: dict, world: World, device: torch.device, *, resume: bool, ov
     try:
         with GracefulStop() as stop:
             while state.epoch < config["train"]["epochs"]:
-                run.sampler.set_epoch(state.epoch, start=state.batch_in_epoch * run.rank_batch)
                 if not train_one_epoch(run, state, stop):
                     run.save(state)
                     stopped = True

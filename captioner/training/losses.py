@@ -43,21 +43,20 @@ def caption_loss(logits: torch.Tensor, targets: torch.Tensor, alpha: torch.Tenso
                  doubly_stochastic_scale: str = "caption") -> dict[str, torch.Tensor]:
     """Loss of a teacher-forced batch.
 
-    ``logits`` (B, T, V) predict ``targets`` (B, T); positions where ``targets == pad_index`` never count.
-    ``cross_entropy`` is the mean negative log-likelihood of the real words (what is reported); the
+    ``logits`` (W, V) predict the W real words of ``targets`` (B, T) (``targets[targets != pad_index]``, the
+    decoders' :class:`~captioner.models.decoder.TeacherForced` layout); padded logits (B, T, V) are packed
+    first. ``cross_entropy`` is the mean negative log-likelihood of the real words (what is reported); the
     optimised word term mixes it with the mean over the vocabulary of ``-log p`` by ``label_smoothing``.
     ``attention`` is the doubly stochastic term.
     """
     mask = targets != pad_index
     words = mask.sum()
-    # every position through log_softmax, padding then given no weight: cheaper than copying the real
-    # rows out of (B, T, V) and scattering their gradient back
-    log_probs = F.log_softmax(logits.float(), dim=-1)                          # (B, T, V)
-    nll = -log_probs.gather(2, targets.unsqueeze(-1)).squeeze(-1)               # (B, T)
-    cross_entropy = torch.where(mask, nll, 0.0).sum() / words
+    logits = logits[mask] if logits.dim() == 3 else logits
+    log_probs = F.log_softmax(logits.float(), dim=-1)                          # (W, V)
+    cross_entropy = -log_probs.gather(1, targets[mask].unsqueeze(1)).sum() / words
     word_loss = cross_entropy
     if label_smoothing > 0:
-        uniform = -torch.where(mask, log_probs.mean(dim=-1), 0.0).sum() / words
+        uniform = -log_probs.mean(dim=-1).sum() / words
         word_loss = (1 - label_smoothing) * cross_entropy + label_smoothing * uniform
     out = {"cross_entropy": cross_entropy, "words": words}
     if alpha is not None and doubly_stochastic > 0:
@@ -115,8 +114,8 @@ class HardAttentionLoss(nn.Module):
             targets = targets.repeat_interleave(out.repeats, 0)
         mask = targets != 0
         words = mask.sum()
-        token_log_probs = -F.cross_entropy(out.logits.float().transpose(1, 2), targets, reduction="none") * mask
-        log_likelihood = token_log_probs.sum(dim=1)                                                      # (B,)
+        word_log_probs = -F.cross_entropy(out.logits.float(), targets[mask], reduction="none")           # (W,)
+        log_likelihood = torch.zeros(mask.shape, device=mask.device).masked_scatter(mask, word_log_probs).sum(dim=1)
         cross_entropy = -log_likelihood.sum() / words
         sampled = ~out.expectation_rows
         reward = log_likelihood.detach() / (mask.sum(dim=1).clamp_min(1) if c["hard_reward"] == "per_word" else 1)

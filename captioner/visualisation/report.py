@@ -77,20 +77,31 @@ def _save(figure: Figure, path: Path) -> Path:
 
 
 def learning_curves(runs: list[dict], path: Path) -> Path:
-    """Training loss per step and validation score per epoch, every run on the same axes."""
-    figure = Figure(figsize=(11, 3.6))
-    loss_ax, val_ax = figure.subplots(1, 2)
+    """Training loss per step and validation score per epoch, every run on the same axes; with a self-critical
+    run, its mean sampled reward and baseline per step in a third panel."""
+    steps = {run["name"]: [m for m in run["metrics"] if m.get("type") == "train"] for run in runs}
+    rewarded = any("reward" in m and m.get("objective") == "scst" for records in steps.values() for m in records)
+    figure = Figure(figsize=(16 if rewarded else 11, 3.6))
+    axes = figure.subplots(1, 3 if rewarded else 2)
+    loss_ax, val_ax = axes[0], axes[1]
     metric = runs[0]["config"]["train"]["metric"]
     for run in runs:
-        train = [m for m in run["metrics"] if m.get("type") == "train"]
+        crossed = [m for m in steps[run["name"]] if "cross_entropy" in m]
         val = [m for m in run["metrics"] if m.get("type") == "val"]
-        if train:
-            loss_ax.plot([m["step"] for m in train], [m["cross_entropy"] for m in train], label=run["name"])
+        if crossed:
+            loss_ax.plot([m["step"] for m in crossed], [m["cross_entropy"] for m in crossed], label=run["name"])
         if val:
             val_ax.plot([m["epoch"] for m in val], [m.get(metric) for m in val], marker="o", label=run["name"])
+        scst = [m for m in steps[run["name"]] if m.get("objective") == "scst" and "reward" in m]
+        if rewarded and scst:
+            line, = axes[2].plot([m["step"] for m in scst], [m["reward"] for m in scst], label=f"{run['name']} reward")
+            axes[2].plot([m["step"] for m in scst], [m["baseline"] for m in scst], linestyle="--", color=line.get_color(),
+                         label=f"{run['name']} baseline")
     loss_ax.set(title="training cross-entropy (per word)", xlabel="step", ylabel="nats")
     val_ax.set(title=f"validation {metric}", xlabel="epoch")
-    for ax in (loss_ax, val_ax):
+    if rewarded:
+        axes[2].set(title="self-critical reward (CIDEr-D of samples)", xlabel="step")
+    for ax in axes:
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend()

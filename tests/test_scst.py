@@ -1,0 +1,159 @@
+"""Self-critical sequence training: the CIDEr-D reward equals pycocoevalcap's, the baselines, the policy
+gradient's invariants, a toy task driven to its reward, and SCST runs through the engine (switch within a
+run, from a checkpoint, resume, real COCO files)."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from pycocoevalcap.bleu.bleu import Bleu
+from pycocoevalcap.cider.cider import Cider
+
+from captioner.data.vocabulary import Vocabulary
+from captioner.decoding.search import TokenRules, greedy, sample_captions
+from captioner.models.lstm_decoder import LSTMDecoder, LSTMDecoderConfig
+from captioner.training.engine import train
+from captioner.training.rewards import CiderD, cached_cider, sentence_bleu4
+from captioner.training.scst import SelfCritical, mean_of_others, policy_loss
+from tests.conftest import tiny_config
+
+COCO_MINI = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "coco-mini"
+REFERENCES = {
+    1: ["a dog runs on the grass", "a brown dog running", "the dog runs fast on green grass"],
+    2: ["a man rides a bike", "a man riding a bicycle down the street", "a person on a bike"],
+    3: ["two cats sleep on a sofa", "cats sleeping", "two cats on a couch sleeping"],
+    4: ["a red bus on the road", "a bus drives down a road", "a red double decker bus"],
+}
+CANDIDATES = {1: "a dog runs on the grass grass grass", 2: "a zorblax rides a bike", 3: "", 4: "a red bus"}
+
+
+def test_cider_d_equals_pycocoevalcap_with_repeats_unknown_words_and_empty_captions():
+    ours = CiderD({i: [r.split() for r in refs] for i, refs in REFERENCES.items()})
+    scores = ours.scores([CANDIDATES[i].split() for i in REFERENCES], list(REFERENCES))
+    reference, per_image = Cider().compute_score(REFERENCES, {i: [c] for i, c in CANDIDATES.items()})
+    assert scores.mean() == pytest.approx(reference, abs=1e-6)
+    np.testing.assert_allclose(scores, per_image, atol=1e-6)
+    # <end> counted as a word: the same as pycocoevalcap on captions that end with it
+    with_end = CiderD({i: [r.split() for r in refs] for i, refs in REFERENCES.items()}, count_end=True)
+    ended, _ = Cider().compute_score({i: [r + " <end>" for r in refs] for i, refs in REFERENCES.items()},
+                                     {i: [(c + " <end>").strip()] for i, c in CANDIDATES.items()})
+    assert with_end.scores([CANDIDATES[i].split() for i in REFERENCES], list(REFERENCES)).mean() == pytest.approx(ended, abs=1e-6)
+
+
+def test_cached_document_frequencies_give_the_same_scores(tmp_path):
+    words = {i: [r.split() for r in refs] for i, refs in REFERENCES.items()}
+    first = cached_cider(words, tmp_path, count_end=True)
+    assert len(list(tmp_path.glob("cider-df-*.json.gz"))) == 1
+    again = cached_cider(words, tmp_path, count_end=True)             # read back from the file
+    captions, ids = [CANDIDATES[i].split() for i in REFERENCES], list(REFERENCES)
+    np.testing.assert_allclose(first.scores(captions, ids), again.scores(captions, ids), rtol=0, atol=0)
+    cached_cider({1: [["other"]]}, tmp_path, count_end=True)          # another split: another file
+    assert len(list(tmp_path.glob("cider-df-*.json.gz"))) == 2
+
+
+def test_sentence_bleu4_equals_pycocoevalcaps_per_image_bleu():
+    _, per_image = Bleu(4).compute_score(REFERENCES, {i: [c] for i, c in CANDIDATES.items()})
+    ours = [sentence_bleu4(CANDIDATES[i].split(), [r.split() for r in REFERENCES[i]]) for i in REFERENCES]
+    np.testing.assert_allclose(ours, per_image[3], rtol=1e-9, atol=1e-12)
+    assert sentence_bleu4("a red bus on the road".split(), ["a red bus on the road".split()]) == pytest.approx(1.0)
+
+
+def test_the_mean_baseline_excludes_the_sample_itself():
+    rewards = torch.tensor([1.0, 2.0, 6.0, 0.0, 0.0, 3.0])
+    torch.testing.assert_close(mean_of_others(rewards, 3), torch.tensor([4.0, 3.5, 1.5, 1.5, 1.5, 0.0]))
+
+
+VOCAB = Vocabulary(["<pad>", "<start>", "<end>", "<unk>"] + [f"w{i}" for i in range(12)])
+
+
+def decoder(**kw) -> LSTMDecoder:
+    torch.manual_seed(0)
+    options = dict(vocab_size=len(VOCAB), region_dim=8, grid=(2, 2), attention_dim=8, embed_dim=8, hidden_dim=16,
+                   dropout=0.0) | kw
+    return LSTMDecoder(LSTMDecoderConfig(**options)).train()
+
+
+@pytest.mark.parametrize("baseline", ["mean", "greedy"])
+@pytest.mark.parametrize("mode", ["soft", "hard"])
+def test_a_constant_reward_gives_zero_gradient(baseline, mode):
+    model = decoder(attention_mode=mode)
+    objective = SelfCritical(lambda captions, ids: np.full(len(captions), 3.0), VOCAB, samples=4, baseline=baseline,
+                             max_length=6)
+    losses = objective(model, torch.randn(3, 4, 8), [0, 1, 2])
+    losses["loss"].backward()
+    assert all(p.grad is None or p.grad.abs().max() == 0 for p in model.parameters())
+    assert losses["reward"].item() == pytest.approx(3.0) and losses["baseline"].item() == pytest.approx(3.0)
+
+
+def test_positions_after_end_get_no_gradient():
+    model = decoder()
+    with torch.no_grad():
+        model.out_words.bias[VOCAB.end_index] += 3.0                     # many captions end early
+    drawn = sample_captions(model, torch.randn(6, 4, 8), rules=TokenRules(1, 2), max_length=8, samples=2)
+    after = ~drawn.mask
+    assert after.any() and (drawn.tokens[after] == VOCAB.pad_index).all() and (drawn.log_probs[after] == 0).all()
+    grads = torch.autograd.grad(drawn.log_probs[after].sum(), list(model.parameters()), allow_unused=True)
+    assert all(g is None or g.abs().max() == 0 for g in grads)
+    # the loss is a mean over sampled words only
+    advantage = torch.randn(12)
+    manual = -sum(advantage[i] * drawn.log_probs[i, drawn.mask[i]].sum() for i in range(12)) / drawn.mask.sum()
+    torch.testing.assert_close(policy_loss(advantage, drawn.log_probs, drawn.mask.float()), manual)
+
+
+def test_an_easy_reward_is_driven_to_its_maximum():
+    """Two images, one reference each: self-critical training alone, from random weights, makes greedy decoding
+    write each image's reference."""
+    torch.manual_seed(0)
+    model = decoder(attention="none")
+    regions = torch.randn(2, 4, 8) * 2
+    targets = {0: "w5 w6 w7".split(), 1: "w8 w9".split()}
+    cider = CiderD({i: [words] for i, words in targets.items()}, count_end=True)
+    objective = SelfCritical(lambda captions, ids: cider.scores(captions, ids), VOCAB, samples=8, max_length=5)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.02)
+    for _ in range(300):
+        losses = objective(model, regions, [0, 1])
+        optimizer.zero_grad()
+        losses["loss"].backward()
+        optimizer.step()
+    best = greedy(model.eval(), regions, max_length=5, rules=TokenRules(1, 2))
+    assert [VOCAB.decode_tokens(g.tokens) for g in best] == [targets[0], targets[1]]
+
+
+def test_scst_after_cross_entropy_in_one_run_resumes_exactly_and_logs_rewards(tiny_coco, tmp_path):
+    scst = {"objective": "scst", "scst_after_epoch": 1, "scst_samples": 3, "epochs": 3, "lr": 0.005}
+    full = train(tiny_config(tiny_coco, tmp_path / "full", train=scst))
+    records = [json.loads(line) for line in (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if r["type"] == "train"]
+    assert {r["objective"] for r in steps} == {"xe", "scst"}
+    assert all({"reward", "baseline", "sample_entropy", "caption_length"} <= r.keys() for r in steps if r["objective"] == "scst")
+    assert full["step"] == 5 + 2 * 3                                    # 24 pairs / 5; then 12 images / 5 per epoch
+    train(tiny_config(tiny_coco, tmp_path / "split", train={**scst, "epochs": 2}))
+    train(tiny_config(tiny_coco, tmp_path / "split", train=scst), resume=True)
+    a, b = (torch.load(tmp_path / name / "last.pt", weights_only=True)["model"] for name in ("full", "split"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert list((tmp_path).glob("**/cider-df-*.json.gz"))               # document frequencies cached once
+
+
+def test_scst_from_a_trained_checkpoint_keeps_its_architecture_and_vocabulary(tiny_coco, tmp_path):
+    first = train(tiny_config(tiny_coco, tmp_path / "xe", train={"epochs": 1}, model={"lstm": {"hidden_dim": 24}}))
+    config = tiny_config(tiny_coco, tmp_path / "scst", train={"epochs": 1, "objective": "scst", "scst_baseline": "greedy",
+                                                              "scst_samples": 2, "init_from": first["checkpoint"]})
+    result = train(config)
+    payload = torch.load(result["checkpoint"], weights_only=True)
+    assert payload["config"]["model"]["lstm"]["hidden_dim"] == 24
+    assert payload["vocab"] == torch.load(first["checkpoint"], weights_only=True)["vocab"]
+
+
+@pytest.mark.skipif(not COCO_MINI.exists(), reason="../shared/data/coco-mini is not here")
+def test_scst_runs_on_real_coco_files_through_the_official_reader(tmp_path):
+    annotations = COCO_MINI / "annotations" / "captions_train2017.json"
+    images = str(COCO_MINI / "train2017")
+    config = tiny_config(tmp_path, tmp_path / "run", train={"epochs": 1, "objective": "scst", "scst_samples": 2,
+                                                            "batch_size": 16, "val_max_images": 8},
+                         encoder={"image_size": 64})
+    config["data"].update(captions={"train": str(annotations), "val": str(annotations)},
+                          images={"train": images, "val": images}, vocab_min_count=2)
+    result = train(config)
+    assert result["step"] == 5 and result["epochs"] == 1                 # 80 images / 16
