@@ -10,8 +10,7 @@ import torch
 
 from captioner.data.vocabulary import Vocabulary
 from captioner.decoding.ensemble import EnsembleDecoder
-from captioner.decoding.search import (DecodeConfig, TokenRules, beam_search, decode, greedy, sample_captions,
-                                       seeded_uniforms)
+from captioner.decoding.search import DecodeConfig, TokenRules, beam_search, decode, greedy, sample_captions, seeded_uniforms
 from captioner.evaluation.diversity import diversity_measures
 from captioner.models.lstm_decoder import LSTMDecoder, LSTMDecoderConfig
 from captioner.models.transformer_decoder import TransformerDecoder, TransformerDecoderConfig
