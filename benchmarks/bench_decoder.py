@@ -1,13 +1,20 @@
-"""Decoder speed at the paper's configuration, printed as JSON.
+"""Decoder speed at the paper's configuration, as ratios measured in one run, printed as JSON.
 
-Training: target words/s of a full step (forward, backward, Adam) of the soft-attention LSTM decoder on
-cached features, L=196 regions of D=512, attention/embedding/LSTM size 512, 10,000 words, batch 32,
-captions of 10-22 words. Beam search: images/s for k = 1, 3, 5 at batch 1 and 32, 20 steps (no early
-<end>: a random model rarely ends, so every image runs the full length, the worst case).
-The matmul peak is measured with a large fp32 matrix product on the same threads; the fraction of it
-the training step reaches uses FLOPs counted by torch's FlopCounterMode.
+Training: target words/s of a full step (forward, backward, Adam) of the soft-attention LSTM decoder on cached
+features (L = 196 regions of D = 512 or 2048, attention/embedding/LSTM size 512, 10,000 words, batch 32,
+captions of 10-22 words), against a reference of the common PyTorch tutorial's design
+(``tutorial_reference.py``) on the same captions and regions: each pair is one step of the reference, then one
+step of each captioner variant, so that the machine's drift hits all alike; the ratio is reported as the median
+over the pairs with its min-max. Variants: ``fp32`` (the default), ``compiled`` (``train.compile``:
+torch.compile of the recurrent step), ``bf16`` (``train.amp``: bfloat16 autocast). The share of the fp32 matmul
+peak uses the FLOPs torch's FlopCounterMode counts for the step (real positions only: nothing is spent on
+padding).
 
-    python benchmarks/bench_decoder.py [--quick] [--threads N]
+Beam search: images/s for k = 1, 3, 5 at batch 1 and 32, 20 steps (a random model rarely ends, so every image
+runs the full length). Fresh process: a k = 3, batch 32 search in a new Python process that sets up the
+allocator as the command line does, against the same search in this warmed-up process, in pairs.
+
+    python benchmarks/bench_decoder.py [--quick] [--threads N] [--pairs N]
 """
 
 from __future__ import annotations
@@ -15,49 +22,92 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import statistics
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import torch
-from common import (
-    RULES,
-    VOCAB,
-    add_arguments,
-    matmul_peak_gflops,
-    random_captions,
-    setup,
-    training_step,
-)
+from common import RULES, VOCAB, add_arguments, matmul_peak_gflops, random_captions, setup
 from torch.utils.flop_counter import FlopCounterMode
+from tutorial_reference import TutorialDecoder, tutorial_loss
 
 from captioner.decoding.search import beam_search
 from captioner.models.lstm_decoder import LSTMDecoder, LSTMDecoderConfig
+from captioner.training.engine import autocast, compile_decoder
+from captioner.training.losses import caption_loss
+
+HERE = Path(__file__).resolve().parent
 
 
 def paper_decoder(region_dim: int = 512) -> LSTMDecoder:
-    config = LSTMDecoderConfig(vocab_size=VOCAB, region_dim=region_dim, grid=(14, 14), attention="additive",
-                               attention_dim=512, embed_dim=512, hidden_dim=512, dropout=0.5)
-    return LSTMDecoder(config)
+    torch.manual_seed(0)
+    return LSTMDecoder(LSTMDecoderConfig(vocab_size=VOCAB, region_dim=region_dim, grid=(14, 14)))
 
 
-def bench_training(decoder: LSTMDecoder, steps: int, batch: int = 32) -> dict:
+def our_step(decoder, features, optimizer, amp: bool = False):
+    """One full training step of a captioner decoder; returns the target words."""
+    def step(captions: torch.Tensor) -> int:
+        with autocast(features.device, amp):
+            out = decoder(features, captions)
+            loss = caption_loss(out.logits, captions[:, 1:], out.alpha, 1.0)
+        optimizer.zero_grad(set_to_none=True)
+        loss["loss"].backward()
+        optimizer.step()
+        return int(loss["words"])
+    return step
+
+
+def tutorial_step(decoder, features, optimizer):
+    def step(captions: torch.Tensor) -> int:
+        scores, targets, lengths, alphas = decoder(features, captions)
+        loss = tutorial_loss(scores, targets, lengths, alphas)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        return sum(lengths)
+    return step
+
+
+def timed_words(step, captions) -> float:
+    started = time.perf_counter()
+    words = step(captions)
+    return words / (time.perf_counter() - started)
+
+
+def summary(values: list[float]) -> dict:
+    return {"median": round(statistics.median(values), 2), "min": round(min(values), 2), "max": round(max(values), 2)}
+
+
+def bench_training(region_dim: int, pairs: int, peak: float, batch: int = 32) -> dict:
+    """Words/s of the tutorial reference and of each captioner variant, step by step in turn."""
     generator = torch.Generator().manual_seed(0)
-    optimizer = torch.optim.Adam(decoder.parameters(), lr=1e-4)
-    features = torch.randn(batch, 196, decoder.config.region_dim, generator=generator)
-    batches = [random_captions(batch, generator) for _ in range(steps + 1)]
-
-    step = training_step(decoder, features, optimizer, doubly_stochastic=1.0)
-
-    decoder.train()
-    step(batches[0])  # warm-up
-    with FlopCounterMode(display=False) as counter:
+    features = torch.randn(batch, 196, region_dim, generator=generator)
+    reference = TutorialDecoder(VOCAB, region_dim=region_dim).train()
+    steps = {"tutorial": tutorial_step(reference, features, torch.optim.Adam(reference.parameters(), lr=1e-4))}
+    for name in ("fp32", "compiled", "bf16"):
+        decoder = paper_decoder(region_dim).train()
+        if name == "compiled" and not compile_decoder(decoder):
+            continue
+        steps[name] = our_step(decoder, features, torch.optim.Adam(decoder.parameters(), lr=1e-4), amp=name == "bf16")
+    batches = [random_captions(batch, generator) for _ in range(pairs + 2)]
+    for step in steps.values():   # warm-up (and compilation)
         step(batches[0])
-    flops_per_word = counter.get_total_flops() / int((batches[0][:, 1:] != 0).sum())
-    words, started = 0, time.perf_counter()
-    for captions in batches[1:]:
-        words += step(captions)
-    seconds = time.perf_counter() - started
-    return {"words_per_s": round(words / seconds, 1), "gflops_per_s": round(words * flops_per_word / seconds / 1e9, 1),
-            "steps": steps, "batch": batch}
+        step(batches[1])
+    rates = {name: [] for name in steps}
+    for captions in batches[2:]:
+        for name, step in steps.items():
+            rates[name].append(timed_words(step, captions))
+    with FlopCounterMode(display=False) as counter:
+        words = steps["fp32"](batches[0])
+    flops_per_word = counter.get_total_flops() / words
+    out = {"words_per_s": {name: summary(r) for name, r in rates.items()},
+           "ratio_to_tutorial": {name: summary([a / b for a, b in zip(r, rates["tutorial"])])
+                                 for name, r in rates.items() if name != "tutorial"},
+           "fp32_gflops_per_s": round(statistics.median(rates["fp32"]) * flops_per_word / 1e9, 1)}
+    out["fp32_fraction_of_matmul_peak"] = round(out["fp32_gflops_per_s"] / peak, 3)
+    return out
 
 
 def bench_beam(decoder: LSTMDecoder, beam: int, batch: int, images: int) -> float:
@@ -70,24 +120,69 @@ def bench_beam(decoder: LSTMDecoder, beam: int, batch: int, images: int) -> floa
     return round(images / (time.perf_counter() - started), 2)
 
 
+FRESH = """
+import sys, time, torch
+sys.path.insert(0, {here!r})
+from captioner.utils import keep_freed_memory
+if {allocator}:
+    keep_freed_memory()
+torch.set_num_threads({threads})
+from bench_decoder import paper_decoder
+from common import RULES
+from captioner.decoding.search import beam_search
+decoder = paper_decoder().eval()
+features = torch.randn({images}, 196, 512, generator=torch.Generator().manual_seed(1))
+started = time.perf_counter()
+for i in range(0, {images}, 32):
+    beam_search(decoder, features[i : i + 32], beam_size=3, max_length=20, rules=RULES)
+print({images} / (time.perf_counter() - started))
+"""
+
+
+def fresh_images_per_s(images: int, allocator: bool) -> float:
+    code = FRESH.format(here=str(HERE), allocator=allocator, threads=torch.get_num_threads(), images=images)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return float(done.stdout.strip().splitlines()[-1])
+
+
+def bench_fresh_process(pairs: int, images: int = 64) -> dict:
+    """Beam search (k = 3, batch 32) images/s in a fresh process (with and without the command line's allocator
+    set-up) against this warmed-up process, in turn."""
+    decoder = paper_decoder().eval()
+    features = torch.randn(images, 196, 512, generator=torch.Generator().manual_seed(1))
+    warm, fresh, plain = [], [], []
+    for _ in range(pairs):
+        fresh.append(fresh_images_per_s(images, allocator=True))
+        plain.append(fresh_images_per_s(images, allocator=False))
+        started = time.perf_counter()
+        for i in range(0, images, 32):
+            beam_search(decoder, features[i : i + 32], beam_size=3, max_length=20, rules=RULES)
+        warm.append(images / (time.perf_counter() - started))
+    return {"warm_images_per_s": summary(warm), "fresh_images_per_s": summary(fresh),
+            "fresh_without_allocator_setup_images_per_s": summary(plain),
+            "fresh_to_warm": summary([f / w for f, w in zip(fresh, warm)]),
+            "fresh_without_setup_to_warm": summary([f / w for f, w in zip(plain, warm)])}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser, device=False)
+    parser.add_argument("--pairs", type=int, default=None, help="interleaved measurements per ratio (default 5; 3 with --quick)")
     args = parser.parse_args()
     setup(args)
-    steps, images = (3, 32) if args.quick else (10, 64)
+    pairs = args.pairs or (3 if args.quick else 5)
     peak = matmul_peak_gflops()
     result = {"device": "cpu", "threads": torch.get_num_threads(), "torch": torch.__version__,
-              "machine": platform.machine(), "matmul_peak_gflops": round(peak, 1), "training": {}, "beam_images_per_s": {}}
+              "machine": platform.machine(), "matmul_peak_gflops": round(peak, 1), "pairs": pairs, "training": {},
+              "beam_images_per_s": {}}
     for region_dim in (512, 2048):
-        decoder = paper_decoder(region_dim)
-        run = bench_training(decoder, steps)
-        run["fraction_of_matmul_peak"] = round(run["gflops_per_s"] / peak, 3)
-        result["training"][f"D={region_dim}"] = run
+        result["training"][f"D={region_dim}"] = bench_training(region_dim, pairs, peak)
+    result["fresh_process_beam"] = bench_fresh_process(pairs)
     decoder = paper_decoder(512)
     for beam in (1, 3, 5):
         for batch in (1, 32):
-            result["beam_images_per_s"][f"k={beam},batch={batch}"] = bench_beam(decoder, beam, batch, images if batch > 1 else 8)
+            images = (32 if args.quick else 64) if batch > 1 else 8
+            result["beam_images_per_s"][f"k={beam},batch={batch}"] = bench_beam(decoder, beam, batch, images)
     print(json.dumps(result, indent=2))
 
 

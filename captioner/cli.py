@@ -295,6 +295,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    from captioner.utils import keep_freed_memory
+
+    keep_freed_memory()   # decoding in a fresh process as fast as in a warmed-up one (see its docstring)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         return args.func(args)

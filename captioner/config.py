@@ -88,8 +88,8 @@ SECTIONS: dict = {
         "nonfinite": "stop",        # a NaN/inf loss: stop (keeping the last good checkpoint) | skip the batch
         "log_every": 50,            # a metrics.jsonl line every this many steps
         "wandb": "offline",         # offline | online | disabled
-        "amp": False,               # mixed precision on CUDA: bf16 where supported, else fp16 with a gradient scaler
-        "compile": False,           # torch.compile the model (CUDA only; ignored on CPU)
+        "amp": False,               # mixed precision: CUDA bf16 where supported, else fp16 with a gradient scaler; CPU bf16
+        "compile": False,           # torch.compile: the whole model on CUDA, the decoder's per-word step on CPU
         "channels_last": True,      # channels-last memory format for the CNN when fine-tuning on CUDA
         "init_from": None,          # a checkpoint to start from: its weights, vocabulary, model and encoder settings
         "objective": "xe",          # xe: cross-entropy (the loss section) | scst: self-critical training on CIDEr-D

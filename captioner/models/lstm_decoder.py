@@ -207,14 +207,23 @@ class LSTMDecoder(nn.Module):
         for n, step_gates in zip(running, input_gates.unbind(1)):
             if n == 0:
                 break
-            z, alpha, info = self.context(regions[:n], None if keys is None else keys[:n], h[:n],
-                                          None if expectation_rows is None else expectation_rows[:n])
-            h, c = self.lstm_cell(step_gates[:n], z, h[:n], c[:n])
+            h, c, z, alpha, info = self.recurrent_step(regions[:n], None if keys is None else keys[:n], h[:n], c[:n],
+                                                       step_gates[:n],
+                                                       None if expectation_rows is None else expectation_rows[:n])
             hs.append(h)
             zs.append(z)
             alphas.append(alpha)
             infos.append(info)
         return hs, zs, alphas, infos
+
+    def recurrent_step(self, regions, keys, h, c, step_gates, expectation_rows=None):
+        """One teacher-forced word: attention, gated context and the LSTM cell for the running rows; the unit
+        that ``train.compile`` compiles (:func:`captioner.training.engine.compile_decoder`)."""
+        z, alpha, info = self.context(regions, keys, h, expectation_rows)
+        h, c = self.lstm_cell(step_gates, z, h, c)
+        return h, c, z, alpha, info
+
+    compile_targets = ("recurrent_step",)   # what train.compile compiles: the work repeated at every word
 
     # -- the decode-step interface --------------------------------------------------------------------
     def init_state(self, features: torch.Tensor) -> dict[str, torch.Tensor]:

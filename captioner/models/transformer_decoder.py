@@ -138,6 +138,7 @@ class TransformerDecoder(nn.Module):
     """Pre-norm Transformer decoder over image regions with a key/value cache for decoding."""
 
     objective = "likelihood"
+    compile_targets = ("run_layers",)       # what train.compile compiles: the layers of the teacher-forced pass
 
     def __init__(self, config: TransformerDecoderConfig):
         super().__init__()

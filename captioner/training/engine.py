@@ -14,6 +14,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import os
+import shutil
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -190,15 +192,36 @@ def make_scheduler(optimizer, config: dict, steps_per_epoch: int) -> torch.optim
 
 
 def autocast(device: torch.device, enabled: bool):
-    """Mixed precision on CUDA (bf16 where supported, else fp16); a no-op on CPU."""
-    if not enabled or device.type != "cuda":
+    """Mixed precision: on CUDA bf16 where supported, else fp16 (with a gradient scaler); on CPU bf16. Matrix
+    products run in the low precision; softmax, log-softmax and the losses stay float32 (autocast's lists, and
+    the decoders and losses cast to float32 where they normalise)."""
+    if not enabled:
         return contextlib.nullcontext()
-    dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    return torch.autocast("cuda", dtype=dtype)
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16)
+    return torch.autocast(device.type, dtype=torch.bfloat16)
+
+
+def compile_decoder(decoder: nn.Module, mode: str | None = None) -> bool:
+    """Compile the parts of ``decoder`` it names in ``compile_targets`` (the work repeated at every word) with
+    ``torch.compile`` (dynamic shapes: the running rows shrink step by step). Returns False, leaving the decoder
+    as it is, when the decoder names none or no C++ compiler is found for the CPU backend; an error while
+    compiling later falls back to running uncompiled (torch's ``suppress_errors``)."""
+    targets = getattr(decoder, "compile_targets", ())
+    on_cpu = next(decoder.parameters()).device.type == "cpu"
+    if not targets or on_cpu and not any(shutil.which(c) for c in (os.environ.get("CXX", "g++"), "c++", "clang++")):
+        log.warning("train.compile: %s; running uncompiled", "no C++ compiler found for torch.compile's CPU backend"
+                    if targets else f"{type(decoder).__name__} names nothing to compile")
+        return False
+    torch._dynamo.config.suppress_errors = True
+    for name in targets:
+        setattr(decoder, name, torch.compile(getattr(decoder, name), dynamic=True, mode=mode))
+    return True
 
 
 def wrap_model(model: Captioner, config: dict, world: World, device: torch.device) -> nn.Module:
-    """The module that runs the forward pass: DistributedDataParallel across ranks, compiled on CUDA."""
+    """The module that runs the forward pass: DistributedDataParallel across ranks, compiled on request
+    (CUDA: the whole model; CPU: the decoder's per-word step, :func:`compile_decoder`)."""
     net: nn.Module = model
     if world.distributed:
         net = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
@@ -206,7 +229,7 @@ def wrap_model(model: Captioner, config: dict, world: World, device: torch.devic
         if device.type == "cuda":
             net = torch.compile(net)
         else:
-            log.info("train.compile is for CUDA; training uncompiled on %s", device)
+            compile_decoder(model.decoder)
     return net
 
 

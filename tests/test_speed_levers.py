@@ -1,0 +1,75 @@
+"""Speed levers that must not change what is learned: the compiled per-word step and bfloat16 autocast on the
+CPU agree with plain float32 training within stated tolerances, the allocator set-up is harmless, and with the
+levers off nothing changes (every other test runs that way)."""
+
+import copy
+
+import pytest
+import torch
+
+from captioner.models.lstm_decoder import LSTMDecoder, LSTMDecoderConfig
+from captioner.models.transformer_decoder import TransformerDecoder, TransformerDecoderConfig
+from captioner.training.engine import autocast, compile_decoder
+from captioner.training.losses import caption_loss
+from captioner.utils import keep_freed_memory
+
+CAPTIONS = torch.tensor([[1, 5, 6, 7, 2, 0], [1, 8, 2, 0, 0, 0], [1, 5, 5, 9, 9, 2], [1, 4, 2, 0, 0, 0]])
+
+
+def lstm() -> LSTMDecoder:
+    torch.manual_seed(0)
+    return LSTMDecoder(LSTMDecoderConfig(vocab_size=12, region_dim=16, grid=(3, 4), attention_dim=12, embed_dim=10,
+                                         hidden_dim=14, dropout=0.0))
+
+
+def transformer() -> TransformerDecoder:
+    torch.manual_seed(0)
+    return TransformerDecoder(TransformerDecoderConfig(vocab_size=12, region_dim=16, grid=(3, 4), d_model=16,
+                                                       num_layers=1, num_heads=2, ffn_dim=32, dropout=0.0))
+
+
+def update_difference(start, a, b) -> float:
+    """How far two trainings from ``start`` ended apart, relative to how far they went: ||(b - start) - (a - start)||
+    / ||a - start|| over all weights. Adam turns the rounding noise of gradients that should be zero (the scores'
+    shared bias, which softmax ignores) into full-size steps, so weights are compared as a whole."""
+    def flat(model):
+        return torch.cat([p.detach().flatten() for p in model.parameters()])
+    moved = flat(a) - flat(start)
+    return ((flat(b) - flat(start)) - moved).norm().item() / moved.norm().item()
+
+
+def train_steps(decoder, steps: int, amp: bool = False) -> list[float]:
+    features = torch.randn(4, 12, 16, generator=torch.Generator().manual_seed(1))
+    optimizer = torch.optim.Adam(decoder.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(steps):
+        with autocast(torch.device("cpu"), amp):
+            out = decoder(features, CAPTIONS)
+            loss = caption_loss(out.logits, CAPTIONS[:, 1:], out.alpha, 1.0)["loss"]
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses
+
+
+@pytest.mark.parametrize("make", [lstm, transformer], ids=["lstm", "transformer"])
+def test_compiled_training_matches_eager(make):
+    start, eager = make(), make()
+    compiled = copy.deepcopy(eager)
+    assert compile_decoder(compiled)
+    a, b = train_steps(eager, 3), train_steps(compiled, 3)
+    assert a == pytest.approx(b, rel=1e-4, abs=1e-5)
+    assert update_difference(start, eager, compiled) < 0.05                         # measured: 0.016 at most
+
+
+def test_bf16_autocast_training_stays_close_to_fp32():
+    start, fp32, bf16 = lstm(), lstm(), lstm()
+    a, b = train_steps(fp32, 5), train_steps(bf16, 5, amp=True)
+    assert a == pytest.approx(b, rel=1e-3)                                          # losses within 0.1 %
+    assert update_difference(start, fp32, bf16) < 0.1                               # measured: 0.03
+
+
+def test_the_allocator_set_up_is_harmless():
+    assert keep_freed_memory() in (True, False)
+    assert torch.ones(3, 3).sum().item() == 9.0
