@@ -55,6 +55,13 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
               ["loss.doubly_stochastic_scale=caption", "encoder.grid=7", f"data.features={FEATURES}/flickr8k_vgg19_7x7"]),
     "word_grid7": ("7x7 regions, per word", ["loss.doubly_stochastic_scale=word", "encoder.grid=7",
                                               f"data.features={FEATURES}/flickr8k_vgg19_7x7"]),
+    "layernorm": ("LayerNorm over each region's features", ["loss.doubly_stochastic_scale=caption",
+                                                              "model.lstm.region_norm=layer"]),
+    "layernorm_word": ("LayerNorm + lambda 1 per word", ["loss.doubly_stochastic_scale=word", "model.lstm.region_norm=layer"]),
+    "layernorm_word_sharp": ("LayerNorm + per word + learned sharpness",
+                             ["loss.doubly_stochastic_scale=word", "model.lstm.region_norm=layer",
+                              "model.lstm.learned_sharpness=true"]),
+    "layernorm_lambda0": ("LayerNorm, no doubly stochastic term", ["loss.doubly_stochastic=0", "model.lstm.region_norm=layer"]),
     "none": ("no attention (mean of regions): the ablation", ["model.lstm.attention=none", "loss.doubly_stochastic=0"]),
 }
 

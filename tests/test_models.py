@@ -89,6 +89,14 @@ def test_teacher_forced_batch_equals_each_caption_alone(kind):
             assert together.alpha[row, n:].eq(0).all()
 
 
+def test_region_norm_makes_the_decoder_blind_to_the_features_scale():
+    decoder = make_decoder(region_norm="layer", dropout=0.0).eval()
+    features, captions = torch.randn(3, 12, 16), captions_batch()
+    small, large = decoder(features, captions), decoder(features * 100.0, captions)
+    torch.testing.assert_close(small.logits, large.logits, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(small.alpha, large.alpha, rtol=1e-4, atol=1e-5)
+
+
 def test_loss_ignores_padding():
     decoder = make_decoder().eval()
     features, captions = torch.randn(3, 12, 16), captions_batch()

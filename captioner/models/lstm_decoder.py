@@ -49,6 +49,7 @@ class LSTMDecoderConfig:
     dropout: float = 0.5            # before the output layer
     gate: str = "scalar"            # scalar | vector | none (the paper's beta gate)
     learned_sharpness: bool = False # a learned inverse temperature exp(s) on the attention scores
+    region_norm: str = "none"       # none | layer: LayerNorm over each region's features before anything reads them
     region_position: str = "none"   # none | sinusoidal: a grid position code appended to each region
     position_dim: int = 32          # size of that code
     hard_decode: str = "argmax"     # hard attention: argmax | sample, the location chosen at inference
@@ -70,11 +71,14 @@ class LSTMDecoder(nn.Module):
             raise ValueError(f"attention_mode must be soft or hard, not {c.attention_mode!r}")
         if c.attention_mode == "hard" and c.attention == "none":
             raise ValueError("hard attention needs an attention score (attention must not be none)")
+        if c.region_norm not in ("none", "layer"):
+            raise ValueError(f"region_norm must be none or layer, not {c.region_norm!r}")
         if c.region_position not in ("none", "sinusoidal"):
             raise ValueError(f"region_position must be none or sinusoidal, not {c.region_position!r}")
         position_dim = c.position_dim if c.region_position == "sinusoidal" else 0
         if position_dim:
             self.register_buffer("position_code", grid_code(tuple(c.grid), position_dim), persistent=False)
+        self.region_norm = nn.LayerNorm(c.region_dim) if c.region_norm == "layer" else None
         self.context_dim = d = c.region_dim + position_dim
         self.embedding = nn.Embedding(c.vocab_size, c.embed_dim)
         self.attention = RegionAttention(c.attention, d, c.hidden_dim, c.attention_dim, c.learned_sharpness,
@@ -100,7 +104,11 @@ class LSTMDecoder(nn.Module):
 
     # -- pieces shared by teacher forcing and step-by-step decoding ---------------------------------
     def prepare_regions(self, features: torch.Tensor) -> torch.Tensor:
-        """Encoder features ``(B, L, D)`` -> regions ``(B, L, D')``, with the position code appended if set."""
+        """Encoder features ``(B, L, D)`` -> regions ``(B, L, D')``: normalised per region if set (CNN features
+        such as VGG's conv5_4 are sparse and of norms in the hundreds, which saturates the additive score's tanh
+        and the initial state's), with the position code appended if set."""
+        if self.region_norm is not None:
+            features = self.region_norm(features)
         if self.config.region_position == "sinusoidal":
             code = self.position_code.to(features.dtype).expand(features.shape[0], -1, -1)
             features = torch.cat([features, code], dim=-1)
