@@ -89,6 +89,25 @@ def test_teacher_forced_batch_equals_each_caption_alone(kind):
             assert together.alpha[row, n:].eq(0).all()
 
 
+def test_one_node_for_all_prefixes_gives_the_gradients_of_plain_slices(monkeypatch):
+    from captioner.models import lstm_decoder
+
+    features, captions = torch.randn(3, 12, 16), captions_batch()
+
+    def gradients():
+        decoder = make_decoder(region_norm="layer")
+        out = decoder(features, captions)
+        caption_loss(out.logits, captions[:, 1:], out.alpha, 1.0)["loss"].backward()
+        return {name: p.grad.clone() for name, p in decoder.named_parameters() if p.grad is not None}
+
+    fused = gradients()
+    monkeypatch.setattr(lstm_decoder, "prefixes", lambda tensor, sizes: [None if tensor is None else tensor[:n] for n in sizes])
+    sliced = gradients()
+    assert fused.keys() == sliced.keys() and "attention.region_proj.weight" in fused
+    for name in fused:
+        torch.testing.assert_close(fused[name], sliced[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
 def test_region_norm_makes_the_decoder_blind_to_the_features_scale():
     decoder = make_decoder(region_norm="layer", dropout=0.0).eval()
     features, captions = torch.randn(3, 12, 16), captions_batch()

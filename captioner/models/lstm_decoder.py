@@ -57,6 +57,34 @@ class LSTMDecoderConfig:
     location_samples: int = 1       # hard training: location samples drawn per caption
 
 
+class _Prefixes(torch.autograd.Function):
+    """``tensor[:n]`` for each n of the non-increasing ``sizes``, as one autograd node. Separate slices would
+    each, in the backward pass, zero-fill a gradient of ``tensor``'s full size and add it to the others (T
+    times B x L x A work for the projected regions); here each prefix's gradient is added in place into one."""
+
+    @staticmethod
+    def forward(ctx, tensor: torch.Tensor, sizes: list[int]):
+        ctx.shape, ctx.sizes = tensor.shape, sizes
+        return tuple(tensor[:n] for n in sizes)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        total = next(g for g in grads if g is not None).new_zeros(ctx.shape)
+        for n, grad in zip(ctx.sizes, grads):
+            if grad is not None:
+                total[:n] += grad
+        return total, None
+
+
+def prefixes(tensor: torch.Tensor | None, sizes: list[int]) -> list[torch.Tensor | None]:
+    """``[tensor[:n] for n in sizes]``; one autograd node when ``tensor`` needs a gradient (:class:`_Prefixes`)."""
+    if tensor is None:
+        return [None] * len(sizes)
+    if tensor.requires_grad and torch.is_grad_enabled():
+        return list(_Prefixes.apply(tensor, sizes))
+    return [tensor[:n] for n in sizes]
+
+
 class LSTMDecoder(nn.Module):
     """Soft-attention LSTM decoder with the paper's gating, initial state and deep output."""
 
@@ -210,13 +238,12 @@ class LSTMDecoder(nn.Module):
         """The teacher-forced LSTM steps over rows sorted longest first: step t advances the first
         ``running[t]`` rows. Returns per step ``h_t``, ``z_t``, ``alpha_t`` and the location terms."""
         hs, zs, alphas, infos = [], [], [], []
-        # unbind, not input_gates[:, t]: the backward of T slices would zero-fill and add T full-size
-        # (B, T, 4H) gradients (quadratic in T); unbind's backward stacks the T step gradients once
-        for n, step_gates in zip(running, input_gates.unbind(1)):
-            if n == 0:
-                break
-            h, c, z, alpha, info = self.recurrent_step(regions[:n], None if keys is None else keys[:n], h[:n], c[:n],
-                                                       step_gates[:n],
+        running = [n for n in running if n > 0]
+        # unbind, not input_gates[:, t], and prefixes, not keys[:n]: the backward of T slices would zero-fill
+        # and add T full-size gradients; these add each step's gradient into one buffer
+        step_regions, step_keys = prefixes(regions, running), prefixes(keys, running)
+        for t, (n, step_gates) in enumerate(zip(running, input_gates.unbind(1))):
+            h, c, z, alpha, info = self.recurrent_step(step_regions[t], step_keys[t], h[:n], c[:n], step_gates[:n],
                                                        None if expectation_rows is None else expectation_rows[:n])
             hs.append(h)
             zs.append(z)

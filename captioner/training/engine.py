@@ -164,12 +164,14 @@ def check_train_settings(config: dict, world: World) -> int:
 
 
 def make_optimizer(model, config: dict) -> torch.optim.Optimizer:
+    """Adam over the decoder (and the fine-tuned encoder blocks), in its fused form: one kernel for every
+    parameter instead of a handful of element-wise passes each (on the CPU too)."""
     train = config["train"]
     groups = [{"params": [p for p in model.decoder.parameters() if p.requires_grad], "lr": train["lr"]}]
     encoder_params = [p for p in model.encoder.parameters() if p.requires_grad]
     if encoder_params and not config["data"]["features"]:
         groups.append({"params": encoder_params, "lr": train["encoder_lr"]})
-    return torch.optim.Adam(groups, weight_decay=train["weight_decay"])
+    return torch.optim.Adam(groups, weight_decay=train["weight_decay"], fused=True)
 
 
 def make_scheduler(optimizer, config: dict, steps_per_epoch: int) -> torch.optim.lr_scheduler.LRScheduler:
