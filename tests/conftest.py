@@ -75,3 +75,18 @@ def memorise(decoder, features, captions, lr: float, steps: int = 150) -> float:
         loss.backward()
         optimizer.step()
     return loss.item()
+
+
+@pytest.fixture(scope="session")
+def served_checkpoints(tiny_coco, tmp_path_factory):
+    """Checkpoints for the server tests, by run name: ``soft`` (2x2 grid), ``hard`` (hard attention), both
+    with region positions (regions then differ even where the untrained encoder's features hardly do), and
+    ``wide`` (32x64 images: a 2x4 grid), each trained for a few seconds on ``tiny_coco``."""
+    from captioner.training.engine import train
+
+    root = tmp_path_factory.mktemp("served")
+    positions = {"region_position": "sinusoidal", "position_dim": 8}
+    runs = {"soft": {"model": {"lstm": positions}}, "hard": {"model": {"lstm": {**positions, "attention_mode": "hard"}}},
+            "wide": {"encoder": {"image_size": [32, 64]}}}
+    return {name: train(tiny_config(tiny_coco, root / name, train={"epochs": 1}, **sections))["checkpoint"]
+            for name, sections in runs.items()}
