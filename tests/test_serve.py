@@ -77,14 +77,15 @@ def assert_json_error(response, low=400, high=500) -> str:
 
 def test_models_health_and_openapi_describe_the_server(client, served):
     models = client.get("/api/models").json()
-    assert [m["name"] for m in models["models"]] == ["soft", "hard", "wide"]
+    assert [m["name"] for m in models["models"]] == ["soft", "hard", "wide", "transformer"]
     by_name = {m["name"]: m for m in models["models"]}
     assert by_name["soft"]["grid"] == [2, 2] and by_name["wide"]["grid"] == [2, 4]
     assert by_name["hard"]["attention"] == "hard" and by_name["soft"]["attention"] == "soft"
-    assert all(m["decoder"] == "lstm" and m["encoder"] == "mobilenet_v2" for m in models["models"])
+    assert by_name["transformer"]["decoder"] == "transformer" and by_name["transformer"]["attention"] == "cross-attention"
+    assert all(m["encoder"] == "mobilenet_v2" for m in models["models"]) and by_name["wide"]["decoder"] == "lstm"
     assert by_name["soft"]["vocab_size"] == len(served["soft"].vocab)
     assert models["max_beam"] == MAX_BEAM and models["max_upload_mb"] == UPLOAD_MB
-    assert client.get("/health").json() == {"status": "ok", "models": ["soft", "hard", "wide"], "queued": 0}
+    assert client.get("/health").json() == {"status": "ok", "models": list(by_name), "queued": 0}
     schema = client.get("/openapi.json").json()
     assert {"/api/caption", "/api/figure", "/api/models", "/api/overlay-operators", "/health"} <= set(schema["paths"])
     form = schema["paths"]["/api/caption"]["post"]["requestBody"]["content"]["multipart/form-data"]["schema"]
@@ -99,7 +100,7 @@ def test_models_health_and_openapi_describe_the_server(client, served):
     assert client.get("/docs").status_code == 404   # FastAPI's docs page loads its scripts from a CDN
 
 
-@pytest.mark.parametrize("checkpoint, beam", [("soft", None), ("hard", 2), ("wide", 1)])
+@pytest.mark.parametrize("checkpoint, beam", [("soft", None), ("hard", 2), ("wide", 1), ("transformer", 3)])
 def test_caption_matches_the_schema_and_the_command_line(client, served, images, checkpoint, beam):
     response = post(client, images[0], checkpoint, beam)
     assert response.status_code == 200, response.text

@@ -44,7 +44,7 @@ def assert_same_captions(batched, alone):
             assert torch.allclose(a.attention["alpha"], b.attention["alpha"], atol=1e-5)
 
 
-@pytest.mark.parametrize("name, beam", [("soft", 3), ("hard", 2), ("wide", 1)])
+@pytest.mark.parametrize("name, beam", [("soft", 3), ("hard", 2), ("wide", 1), ("transformer", 3)])
 def test_a_batch_gives_the_captions_of_one_at_a_time_decoding(served, tensors, name, beam):
     images = tensors[name]
     results = run_queued(DynamicBatcher(decode_group(served), max_batch=64, max_wait_s=0),

@@ -1,8 +1,8 @@
 """The page of `captioner serve` in a real browser: Playwright for Python drives Debian's Chromium against a
 live server on 127.0.0.1. It uploads a shapes image, waits for every checkpoint's caption, moves over a
 word and checks the overlay pixel for pixel against `captioner attend`'s (smooth and raw grid), hard
-attention's chosen cell, the keyboard, the play button, the figure download, a phone-width layout, and that
-the console stayed clean; it saves a screenshot.
+attention's chosen cell, the keyboard, the play button, the figure download, a phone-width layout, drop and
+paste, and that the console stayed clean; it saves a screenshot.
 
 Skipped, saying why, without Chromium or Playwright; CAPTIONER_REQUIRE_BROWSER=1 (set by .ci/run) makes that
 a failure. CAPTIONER_CHROMIUM names the browser (default: chromium on the PATH). The README's screenshot:
@@ -11,6 +11,7 @@ a failure. CAPTIONER_CHROMIUM names the browser (default: chromium on the PATH).
     CAPTIONER_SCREENSHOT=docs/serve.png pytest tests/test_serve_browser.py
 """
 
+import base64
 import contextlib
 import os
 import shutil
@@ -158,6 +159,7 @@ def test_the_page_captions_an_upload_and_overlays_attention_word_by_word(sync_ap
             check_download(page, served, shapes_image, tmp_path)
             take_screenshot(page, screenshot)
             check_phone_width(page)
+            check_drop_and_paste(page, shapes_image)
             assert not page.problems, page.problems
         finally:
             browser.close()
@@ -251,3 +253,22 @@ def check_phone_width(page: Page) -> None:
     assert page.page.evaluate("document.documentElement.scrollWidth") <= 390
     boxes = [page.card(index).bounding_box() for index in range(page.page.locator(".result").count())]
     assert all(box["x"] >= 0 and box["x"] + box["width"] <= 390 for box in boxes)
+
+
+def check_drop_and_paste(page: Page, image_path: Path) -> None:
+    """An image dropped on the page, then one pasted, is captioned like a picked one."""
+    data = base64.b64encode(image_path.read_bytes()).decode()
+    for kind in ("drop", "paste"):
+        run = page.page.evaluate("window.captionerPage.run")
+        page.page.evaluate("""([data, kind]) => {
+            const bytes = Uint8Array.from(atob(data), (c) => c.charCodeAt(0));
+            const transfer = new DataTransfer();
+            transfer.items.add(new File([bytes], `${kind}.png`, {type: "image/png"}));
+            const event = kind === "drop" ? new DragEvent("drop", {dataTransfer: transfer, bubbles: true, cancelable: true})
+                : new ClipboardEvent("paste", {clipboardData: transfer, bubbles: true});
+            document.querySelector("#drop-zone").dispatchEvent(event);
+        }""", [data, kind])
+        page.page.wait_for_function("(run) => window.captionerPage.run > run", arg=run, timeout=TIMEOUT_MS)
+        page.page.wait_for_function("() => document.querySelector('#status').textContent.startsWith('Captioned by')",
+                                    timeout=TIMEOUT_MS)
+        assert page.card(0).locator(".word").count() > 0

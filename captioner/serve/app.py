@@ -40,6 +40,7 @@ STATIC = Path(__file__).resolve().parent / "static"
 MAX_BEAM = 10
 """Largest beam size a request may ask for."""
 MAX_OVERLAY_SIDE = 4096
+"""Largest height or width /api/overlay-operators answers for."""
 _ERRORS = {status: {"model": schemas.Error} for status in (404, 413, 422)}
 _FIGURE_LOCK = threading.Lock()  # matplotlib's figure code is not documented as thread-safe
 
