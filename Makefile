@@ -20,6 +20,8 @@ demo: setup
 	$(VENV)/bin/captioner demo --out runs/demo
 
 test: setup
+	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || test -n "$$CAPTIONER_CHROMIUM" || \
+		echo "make test: no Chromium here, so the browser test of 'captioner serve' (tests/test_serve_browser.py) is skipped; apt-get install chromium to run it"
 	$(PY) -m pytest -q tests
 
 bench: setup

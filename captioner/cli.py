@@ -1,5 +1,5 @@
 """The ``captioner`` command line: data (shapes, vocab), config, cache-features, train, evaluate, ground,
-caption, attend, compare, demo.
+caption, attend, compare, serve, demo.
 
 Commands that read a config or a checkpoint take ``section.key=value`` overrides anywhere on the line
 (before, between or after the options); every command checks them the same way (an unknown key is an
@@ -148,11 +148,27 @@ def _cmd_compare(args) -> int:
     return 0
 
 
+def _cmd_serve(args) -> int:
+    from captioner.serve.app import serve
+
+    serve(args.checkpoints, host=args.host, port=args.port, device=args.device, overrides=args.overrides,
+          beam=args.beam, max_pixels=args.max_pixels, max_batch=args.max_batch, max_wait_ms=args.max_wait_ms,
+          max_upload_mb=args.max_upload_mb)
+    return 0
+
+
 def _cmd_demo(args) -> int:
     from captioner.demo import run_demo
 
     run_demo(Path(args.out), data_dir=Path(args.data), fast=args.fast)
     return 0
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -263,6 +279,23 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--beam", type=int, default=None, help="beam size (default: each run's decode.beam)")
     compare.add_argument("--images", type=int, default=3, help="test images shown for every run")
     compare.set_defaults(func=_cmd_compare)
+
+    serve = sub.add_parser("serve", help="a web page and JSON API: caption uploaded images, explore attention word by word")
+    serve.add_argument("checkpoints", nargs="+", metavar="CKPT", help="checkpoints to serve side by side, named by their run")
+    serve.add_argument("overrides", nargs="*", metavar="section.key=value",
+                       help="overrides of every checkpoint's config, e.g. decode.max_length=16")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: this machine only)")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--beam", type=_positive_int, default=None, help="beam size when a request names none "
+                       "(default: each config's decode.beam)")
+    serve.add_argument("--device", default="auto")
+    serve.add_argument("--max-batch", type=_positive_int, default=16, help="most images decoded as one batch")
+    serve.add_argument("--max-wait-ms", type=float, default=10.0,
+                       help="longest a request waits for others to join its batch")
+    serve.add_argument("--max-upload-mb", type=float, default=20.0, help="larger uploads are refused (413)")
+    serve.add_argument("--max-pixels", type=int, default=None, help="refuse larger images before decoding them "
+                       "(default: each checkpoint's data.max_pixels, 64 megapixels)")
+    serve.set_defaults(func=_cmd_serve)
 
     demo = sub.add_parser("demo", help="the main job on the embedded shapes data: generate, train, evaluate, draw")
     demo.add_argument("--out", default="runs/demo")

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from PIL import Image
 
 from captioner.data.images import image_transform, load_image
 from captioner.data.vocabulary import Vocabulary
@@ -79,12 +80,19 @@ def attend_file(model, vocab: Vocabulary, image: str | Path, out: str | Path, se
     (result,) = caption_files(model, vocab, [image], settings, max_pixels=max_pixels)
     if result.error:
         raise ImageError(result.error)
-    grid = model.encoder.grid
-    chosen = attention_maps(result.generation, grid, "chosen")
-    alpha = attention_maps(result.generation, grid, "alpha")
-    if alpha is None:
-        raise CaptionerError(f"{image}: this model's decoder reports no attention maps to draw")
     boxes = boxes_of_named_objects(instances, image, result.words) if instances else None
-    draw_attention_figure(load_image(image, max_pixels=max_pixels), result.words, alpha.numpy(), out, boxes=boxes,
-                          chosen=None if chosen is None else chosen.numpy(), title=title + result.caption)
+    draw_generation_figure(load_image(image, max_pixels=max_pixels), result.words, result.generation,
+                           model.encoder.grid, out, name=str(image), boxes=boxes, title=title + result.caption)
     return result
+
+
+def draw_generation_figure(image: Image.Image, words: list[str], generation: Generation, grid: tuple[int, int],
+                           out: str | Path, *, name: str, boxes=None, title: str = "") -> Path:
+    """The paper-style figure of ``generation`` (its ``words``) on ``image`` into ``out``, the decoder's maps
+    over its ``grid``; raises :class:`~captioner.errors.CaptionerError` (naming ``name``) when it has none."""
+    alpha = attention_maps(generation, grid, "alpha")
+    chosen = attention_maps(generation, grid, "chosen")
+    if alpha is None:
+        raise CaptionerError(f"{name}: this model's decoder reports no attention maps to draw")
+    return draw_attention_figure(image, words, alpha.numpy(), out, boxes=boxes,
+                                 chosen=None if chosen is None else chosen.numpy(), title=title)

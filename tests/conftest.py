@@ -75,3 +75,21 @@ def memorise(decoder, features, captions, lr: float, steps: int = 150) -> float:
         loss.backward()
         optimizer.step()
     return loss.item()
+
+
+@pytest.fixture(scope="session")
+def served_checkpoints(tiny_coco, tmp_path_factory):
+    """Checkpoints for the server tests, by run name: ``soft`` (2x2 grid), ``hard`` (hard attention), both
+    with region positions (regions then differ even where the untrained encoder's features hardly do),
+    ``wide`` (32x64 images: a 2x4 grid) and ``transformer``, each trained for a few seconds on ``tiny_coco``."""
+    from captioner.training.engine import train
+
+    root = tmp_path_factory.mktemp("served")
+    positions = {"region_position": "sinusoidal", "position_dim": 8}
+    runs = {"soft": {"model": {"lstm": positions}}, "hard": {"model": {"lstm": {**positions, "attention_mode": "hard"}}},
+            "wide": {"encoder": {"image_size": [32, 64]}},
+            "transformer": {"model": {"decoder": "transformer", "transformer": {"d_model": 16, "num_layers": 1,
+                                                                              "num_heads": 2, "ffn_dim": 32}},
+                            "loss": {"doubly_stochastic": 0.0}}}
+    return {name: train(tiny_config(tiny_coco, root / name, train={"epochs": 1}, **sections))["checkpoint"]
+            for name, sections in runs.items()}

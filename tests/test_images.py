@@ -81,6 +81,23 @@ def test_decompression_bomb_refused_from_the_header(tmp_path):
     assert_image_error(huge, "limit", "max_pixels")
 
 
+def test_bytes_get_the_checks_of_files_under_the_name_given(tmp_path):
+    """An upload's bytes: the same decoding and the same refusals as the file, named as the caller says."""
+    path = tmp_path / "photo.jpg"
+    noise_image(64, 48).save(path)
+    data = path.read_bytes()
+    assert np.array_equal(np.asarray(load_image(data)), np.asarray(load_image(path)))
+    png_header_only(tmp_path / "bomb.png", 40000, 40000)
+    cases = {b"": "empty", b"this is not a picture": "not an image", data[: len(data) // 2]: "truncated or corrupt",
+             (tmp_path / "bomb.png").read_bytes(): "over the limit"}
+    for content, words in cases.items():
+        with pytest.raises(ImageError) as caught:
+            load_image(content, name="upload photo.jpg")
+        assert str(caught.value).startswith("upload photo.jpg: ") and words in str(caught.value)
+    with pytest.raises(ImageError, match=r"^<bytes>: .*64x48"):
+        load_image(data, max_pixels=100)
+
+
 def test_max_pixels_is_per_call_and_leaves_pil_settings_alone(tmp_path):
     small = tmp_path / "small.png"
     noise_image(100, 100).save(small)

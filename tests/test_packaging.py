@@ -37,3 +37,13 @@ def test_environment_yml_matches_pyproject():
 def test_weight_packages_are_pinned():
     lines = [l for l in (ROOT / "requirements-weights.txt").read_text().splitlines() if l and not l.startswith("#")]
     assert lines and all(re.fullmatch(r"[a-z0-9\-]+==[0-9.]+", l) for l in lines)
+
+
+def test_the_pages_files_ship_in_the_package():
+    """Every file the page of `captioner serve` needs is package data (a wheel or a non-editable install has it)."""
+    package_data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    serve = ROOT / "captioner" / "serve"
+    shipped = {path for pattern in package_data["captioner.serve"] for path in serve.glob(pattern) if path.is_file()}
+    static = {path for path in (serve / "static").rglob("*") if path.is_file()}
+    assert static and static == shipped
+    assert {"index.html", "app.js", "style.css"} <= {path.name for path in static}

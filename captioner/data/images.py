@@ -2,6 +2,7 @@
 
 :func:`load_image` turns every way a file can be unusable (missing, empty, not an image, truncated,
 corrupt, too large) into an :class:`~captioner.errors.ImageError` whose message starts with the path.
+It reads the bytes of a file received some other way (an upload) with the same checks.
 Images it accepts come back in mode ``"RGB"``, rotated as their EXIF orientation tag says, with
 transparent pixels composited on white and high bit depth data (16-bit, 32-bit int, float) scaled
 to 8 bits. :func:`image_transform` turns them into the tensors an encoder reads.
@@ -16,6 +17,7 @@ file must raise, not come back padded with grey).
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import re
 import stat
@@ -39,30 +41,40 @@ _PIL_SETTINGS_LOCK = threading.Lock()
 _DECODE_ERRORS = (OSError, SyntaxError, ValueError, EOFError, struct.error)
 
 
-_RAISE_LIMIT = "raise the limit with --max-pixels N (caption, attend) or the data.max_pixels setting"
+_RAISE_LIMIT = "raise the limit with --max-pixels N (caption, attend, serve) or the data.max_pixels setting"
 
 
-def load_image(path: str | os.PathLike[str], *, max_pixels: int = DEFAULT_MAX_PIXELS) -> Image.Image:
-    """Read and fully decode the image at ``path``; return it in mode ``"RGB"``.
+def load_image(source: str | os.PathLike[str] | bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS,
+               name: str | None = None) -> Image.Image:
+    """Read and fully decode the image at ``source``; return it in mode ``"RGB"``.
 
     Args:
-        path: the image file (any format PIL reads; only the first frame of animations is used).
+        source: the image file (any format PIL reads; only the first frame of animations is used), or
+            the whole content of one as ``bytes`` (an uploaded file).
         max_pixels: refuse images whose ``width * height`` exceeds this, judged from the header
             before any pixel data is decoded (decompression bomb protection).
+        name: how messages name the image (default: the path; ``"<bytes>"`` for bytes).
 
     Returns:
         A new RGB image, independent of the file (which is closed), of size ``(width, height)``
         after EXIF orientation: orientations 5-8 swap width and height.
 
     Raises:
-        ImageError: ``"<path>: <reason>"`` when the file is missing, empty, not an image, truncated
+        ImageError: ``"<name>: <reason>"`` when the file is missing, empty, not an image, truncated
             or corrupt, or larger than ``max_pixels``.
     """
-    name = os.fspath(path)
-    _check_file(name)
+    if isinstance(source, bytes):
+        name = name or "<bytes>"
+        if not source:
+            raise ImageError(f"{name}: file is empty (0 bytes)")
+        opened = io.BytesIO(source)
+    else:
+        opened = os.fspath(source)
+        name = name or opened
+        _check_file(opened, name)
     with _strict_pil_settings(max_pixels):
         try:
-            with Image.open(name) as image:
+            with Image.open(opened) as image:
                 width, height = image.size
                 if width * height > max_pixels:
                     raise ImageError(
@@ -129,10 +141,10 @@ def _high_bit_depth_to_l(image: Image.Image) -> Image.Image:
     return Image.fromarray(np.clip(np.rint(scaled), 0, 255).astype(np.uint8))
 
 
-def _check_file(name: str) -> None:
-    """Raise :class:`ImageError` for a path that is missing, not a regular file, or empty."""
+def _check_file(path: str, name: str) -> None:
+    """Raise :class:`ImageError` (naming ``name``) for a ``path`` that is missing, a directory, or empty."""
     try:
-        info = os.stat(name)
+        info = os.stat(path)
     except FileNotFoundError:
         raise ImageError(f"{name}: file not found") from None
     except OSError as error:

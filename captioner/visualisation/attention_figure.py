@@ -66,13 +66,21 @@ def upsample_attention(attention_map: np.ndarray, size: tuple[int, int], smooth:
         raise ValueError(f"size must be (H, W) with H, W >= 1, got {size}")
     weights = np.clip(weights, 0.0, None)
     total = weights.sum()
-    rows = _axis_operator(weights.shape[0], height, smooth)
-    columns = _axis_operator(weights.shape[1], width, smooth)
+    rows, columns = upsampling_operators(weights.shape, (height, width), smooth)
     upsampled = np.clip(rows @ weights @ columns.T, 0.0, None)
     upsampled_total = upsampled.sum()
     if upsampled_total <= 0:
         return np.zeros((height, width))
     return upsampled * (total / upsampled_total)
+
+
+def upsampling_operators(grid: tuple[int, int], size: tuple[int, int], smooth: bool = True
+                         ) -> tuple[np.ndarray, np.ndarray]:
+    """The two matrices :func:`upsample_attention` applies: ``rows`` (H, gh) and ``columns`` (W, gw), so that
+    a ``(gh, gw)`` map becomes ``rows @ map @ columns.T`` over ``(H, W)`` pixels (before clipping and
+    rescaling to the map's total). The web page (``captioner serve``) draws its overlays with them."""
+    (grid_height, grid_width), (height, width) = grid, size
+    return _axis_operator(grid_height, height, smooth), _axis_operator(grid_width, width, smooth)
 
 
 def draw_attention_figure(image: Image.Image, words: Sequence[str], attention: np.ndarray,

@@ -1,0 +1,137 @@
+"""Dynamic batching: requests that arrive together are decoded together.
+
+One worker thread owns the models. It takes the oldest queued job, then keeps taking jobs until it holds
+``max_batch`` of them or ``max_wait`` seconds have passed since that oldest job was submitted (so a job that
+already waited while the worker was busy adds no wait at all). The jobs it holds are grouped by their key
+(checkpoint and beam size: jobs of different keys are never decoded together) and each group is one call
+of ``handler(key, items)``, e.g. one batched beam search, which returns one result per item, in order.
+Every job's future then gets its result and its :class:`Timing`.
+
+With ``max_batch=1`` this is plain one-at-a-time serving, the baseline of ``benchmarks/bench_serve.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+_STOP = object()
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Where a job's time went: waiting in the queue, then its group's decoding (shared with the group)."""
+
+    queue_ms: float     # from submission to the start of its group's decoding
+    decode_ms: float    # the group's decoding
+    batch_size: int     # jobs decoded together in that group
+
+
+@dataclass
+class _Job:
+    key: Hashable
+    item: Any
+    submitted: float
+    future: concurrent.futures.Future
+
+
+class DynamicBatcher:
+    """Collects jobs ``(key, item)`` and runs ``handler(key, items) -> results`` on groups of them in one
+    worker thread; see the module docstring. Use :meth:`start` and :meth:`close` (or ``with``)."""
+
+    def __init__(self, handler: Callable[[Hashable, Sequence[Any]], Sequence[Any]], *, max_batch: int = 16,
+                 max_wait_s: float = 0.01):
+        if max_batch < 1 or max_wait_s < 0:
+            raise ValueError(f"need max_batch >= 1 and max_wait_s >= 0, got {max_batch} and {max_wait_s}")
+        self.handler, self.max_batch, self.max_wait_s = handler, max_batch, max_wait_s
+        self._queue: queue.Queue = queue.Queue()
+        self._worker = threading.Thread(target=self._run, name="captioner-batcher", daemon=True)
+        self._closed = False
+
+    @property
+    def queued(self) -> int:
+        """Jobs waiting for the worker (not counting the group it is decoding)."""
+        return self._queue.qsize()
+
+    def start(self) -> DynamicBatcher:
+        self._worker.start()
+        return self
+
+    def close(self) -> None:
+        """Finish the jobs already taken, cancel the queued ones and stop the worker."""
+        self._closed = True
+        self._queue.put(_STOP)
+        if self._worker.is_alive():
+            self._worker.join()
+        while not self._queue.empty():
+            job = self._queue.get_nowait()
+            if job is not _STOP:
+                job.future.cancel()
+
+    def __enter__(self) -> DynamicBatcher:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def submit_nowait(self, key: Hashable, item: Any) -> concurrent.futures.Future:
+        """Queue one job; its future resolves to ``(result, Timing)`` or to the handler's exception."""
+        if self._closed:
+            raise RuntimeError("the batcher is closed")
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self._queue.put(_Job(key, item, time.perf_counter(), future))
+        return future
+
+    async def submit(self, key: Hashable, item: Any) -> tuple[Any, Timing]:
+        """Queue one job and wait for ``(result, Timing)`` without blocking the event loop."""
+        return await asyncio.wrap_future(self.submit_nowait(key, item))
+
+    def _run(self) -> None:
+        while (first := self._queue.get()) is not _STOP:
+            self._decode(self._collect(first))
+
+    def _collect(self, first: _Job) -> list[_Job]:
+        """``first`` and the jobs queued after it, up to ``max_batch``, waiting until ``max_wait_s`` after ``first``
+        was submitted."""
+        jobs, deadline = [first], first.submitted + self.max_wait_s
+        while len(jobs) < self.max_batch:
+            try:
+                job = self._queue.get(timeout=max(0.0, deadline - time.perf_counter()))
+            except queue.Empty:
+                break
+            if job is _STOP:
+                self._queue.put(_STOP)      # decode what was collected, then stop
+                break
+            jobs.append(job)
+        return jobs
+
+    def _decode(self, jobs: list[_Job]) -> None:
+        """Run the handler once per key on the jobs still wanted (not cancelled); resolve their futures."""
+        groups: dict[Hashable, list[_Job]] = {}
+        for job in jobs:
+            if job.future.set_running_or_notify_cancel():
+                groups.setdefault(job.key, []).append(job)
+        for key, group in groups.items():
+            started = time.perf_counter()
+            try:
+                results = list(self.handler(key, [job.item for job in group]))
+                if len(results) != len(group):
+                    raise RuntimeError(f"the handler returned {len(results)} results for {len(group)} items")
+            except Exception as error:  # the requests fail, the worker goes on
+                log.exception("decoding a batch of %d for %r failed", len(group), key)
+                for job in group:
+                    job.future.set_exception(error)
+                continue
+            decode_ms = (time.perf_counter() - started) * 1000
+            for job, result in zip(group, results):
+                job.future.set_result((result, Timing(round((started - job.submitted) * 1000, 3),
+                                                      round(decode_ms, 3), len(group))))

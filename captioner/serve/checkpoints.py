@@ -1,0 +1,99 @@
+"""The checkpoints a server holds: each loaded once at start-up and named by its run, with the decode
+settings and pixel limit of its config, and the one batched n-best decoding every request goes through."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from PIL import Image
+
+from captioner.checkpoint import load_model
+from captioner.data.images import image_transform, load_image
+from captioner.data.vocabulary import Vocabulary
+from captioner.decoding.search import DecodeConfig, Generation, decode
+from captioner.models.captioner import Captioner
+
+
+@dataclass
+class ServedModel:
+    """One loaded checkpoint: the model in eval mode, its vocabulary and config, the decode ``settings``
+    (``beam`` is the default when a request names none) and ``max_pixels``, the largest image it accepts."""
+
+    name: str
+    path: Path
+    model: Captioner
+    vocab: Vocabulary
+    config: dict
+    settings: DecodeConfig
+    max_pixels: int
+    transform: Callable[[Image.Image], torch.Tensor]
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        """``(gh, gw)``: the encoder's region grid, over which every attention map lies."""
+        return tuple(self.model.encoder.grid)
+
+    def read(self, data: bytes, name: str) -> tuple[Image.Image, torch.Tensor]:
+        """The uploaded file ``data`` as an RGB image and as the encoder's input ``(3, H, W)``; raises
+        :class:`~captioner.errors.ImageError` (naming ``name``) with the checks of ``captioner caption``."""
+        image = load_image(data, max_pixels=self.max_pixels, name=name)
+        return image, self.transform(image)
+
+    @torch.inference_mode()
+    def caption(self, images: Sequence[torch.Tensor], beam: int) -> list[list[Generation]]:
+        """The ``beam`` best captions of each of ``images`` (each ``(3, H, W)``), best first, decoded as one
+        batched beam search (``beam=1``: greedy decoding, one caption each)."""
+        batch = torch.stack(list(images)).to(self.model.device)
+        settings = dataclasses.replace(self.settings, beam=beam)
+        return decode_n_best(self.model.decoder, self.model.regions(images=batch), self.vocab, settings)
+
+    def describe(self) -> dict:
+        """What ``GET /api/models`` says about this checkpoint."""
+        model = self.config["model"]
+        return {"name": self.name, "checkpoint": str(self.path), "run": str(self.config["run"]["out"]),
+                "decoder": model["decoder"], "attention": attention_kind(model),
+                "encoder": self.config["encoder"]["name"], "vocab_size": len(self.vocab), "grid": list(self.grid),
+                "image_size": list(self.model.encoder.image_size), "beam": self.settings.beam,
+                "max_length": self.settings.max_length, "max_pixels": self.max_pixels}
+
+
+def decode_n_best(decoder, regions: torch.Tensor, vocab: Vocabulary, settings: DecodeConfig) -> list[list[Generation]]:
+    """The ``settings.beam`` best hypotheses of each image of ``regions`` (B, L, D), best first."""
+    generations = decode(decoder, regions, vocab, dataclasses.replace(settings, n_best=settings.beam))
+    return [generation.beams or [generation] for generation in generations]
+
+
+def attention_kind(model_config: dict) -> str:
+    """How a model attends, in words: ``soft``, ``hard`` or ``none`` for the LSTM, ``cross-attention`` for the
+    Transformer, the decoder's name for any other."""
+    decoder = model_config["decoder"]
+    if decoder == "lstm":
+        settings = model_config["lstm"]
+        return "none" if settings["attention"] == "none" else settings["attention_mode"]
+    return "cross-attention" if decoder == "transformer" else decoder
+
+
+def load_served_models(paths: Sequence[str | Path], device: torch.device, overrides: Sequence[str] = (), *,
+                       beam: int | None = None, max_pixels: int | None = None) -> dict[str, ServedModel]:
+    """Load every checkpoint once, named by its run folder (``runs/demo/soft/best.pt`` -> ``soft``; a name
+    taken already gets ``-2``, ``-3``, ...), in the order given. ``overrides`` apply to every checkpoint's
+    config; ``beam`` and ``max_pixels`` replace their ``decode.beam`` and ``data.max_pixels``."""
+    served: dict[str, ServedModel] = {}
+    for path in map(Path, paths):
+        model, vocab, config, _ = load_model(path, device, overrides)
+        name = _unique(Path(str(config["run"]["out"])).name or path.parent.name, served)
+        served[name] = ServedModel(name, path, model, vocab, config, DecodeConfig.of(config, beam=beam),
+                                   max_pixels or config["data"]["max_pixels"], image_transform(model.encoder))
+    return served
+
+
+def _unique(name: str, taken: dict) -> str:
+    candidate, number = name, 1
+    while candidate in taken:
+        number += 1
+        candidate = f"{name}-{number}"
+    return candidate
