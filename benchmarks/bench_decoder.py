@@ -34,8 +34,9 @@ from torch.utils.flop_counter import FlopCounterMode
 from tutorial_reference import TutorialDecoder, tutorial_loss
 
 from captioner.decoding.search import beam_search
+from captioner.models.captioner import compile_decoder
 from captioner.models.lstm_decoder import LSTMDecoder, LSTMDecoderConfig
-from captioner.training.engine import autocast, compile_decoder
+from captioner.training.engine import autocast
 from captioner.training.losses import caption_loss
 
 HERE = Path(__file__).resolve().parent

@@ -23,7 +23,7 @@ from captioner.config import apply_overrides, complete
 from captioner.data.vocabulary import Vocabulary
 from captioner.decoding.ensemble import ensemble_of
 from captioner.errors import CaptionerError
-from captioner.models.captioner import Captioner, build_model
+from captioner.models.captioner import Captioner, build_model, compile_decoder
 from captioner.utils import atomic_write
 
 LEGACY_LOSS_STATE = {"decoder.reward_baseline": "baseline", "decoder.baseline_updates": "baseline_updates"}
@@ -105,4 +105,8 @@ def load_models(paths: str | Path | Sequence[str | Path], device: str | torch.de
     decoder, vocab = ensemble_of([m for m, *_ in loaded], [v for _, v, *_ in loaded], [c for _, _, c, _ in loaded],
                                  [str(p) for p in paths])
     first, _, config, _ = loaded[0]
-    return (first if len(loaded) == 1 else Captioner(first.encoder, decoder).eval()), vocab, config
+    model = first if len(loaded) == 1 else Captioner(first.encoder, decoder).eval()
+    if config["decode"].get("compile"):
+        compile_decoder(model.decoder, mode="reduce-overhead" if model.device.type == "cuda" else None,
+                        targets=("step",))
+    return model, vocab, config

@@ -7,9 +7,10 @@ import copy
 import pytest
 import torch
 
+from captioner.models.captioner import compile_decoder
 from captioner.models.lstm_decoder import LSTMDecoder, LSTMDecoderConfig
 from captioner.models.transformer_decoder import TransformerDecoder, TransformerDecoderConfig
-from captioner.training.engine import autocast, compile_decoder
+from captioner.training.engine import autocast
 from captioner.training.losses import caption_loss
 from captioner.utils import keep_freed_memory
 
@@ -73,3 +74,15 @@ def test_bf16_autocast_training_stays_close_to_fp32():
 def test_the_allocator_set_up_is_harmless():
     assert keep_freed_memory() in (True, False)
     assert torch.ones(3, 3).sum().item() == 9.0
+
+
+@pytest.mark.parametrize("make", [lstm, transformer], ids=["lstm", "transformer"])
+def test_a_compiled_decoding_step_gives_the_same_captions(make):
+    from captioner.decoding.search import TokenRules, beam_search
+
+    eager = make().eval()
+    compiled = copy.deepcopy(eager)
+    assert compile_decoder(compiled, targets=("step",))
+    features = torch.randn(3, 12, 16, generator=torch.Generator().manual_seed(2))
+    for a, b in zip(*(beam_search(d, features, beam_size=3, max_length=6, rules=TokenRules(1, 2)) for d in (eager, compiled))):
+        assert a.tokens == b.tokens and a.log_prob == pytest.approx(b.log_prob, abs=1e-4)

@@ -43,6 +43,7 @@ class DecodeConfig:
     top_k: int = 0                  # sampling: only the k most likely words; 0 = all
     top_p: float = 1.0              # sampling: only the most likely words whose probabilities sum to p (nucleus)
     seed: int = 0                   # sampling: with the image's identity, seeds its draws (same captions batched or not)
+    compile: bool = False           # torch.compile each decoding step (on CUDA as CUDA graphs: mode reduce-overhead)
 
     @classmethod
     def of(cls, config: dict, **changes) -> "DecodeConfig":

@@ -1,9 +1,12 @@
 """The captioning model: a CNN encoder (region features) and a decoder (words), built from a config, and
-the registry of decoders that a config's ``model.decoder`` names."""
+the registry of decoders that a config's ``model.decoder`` names, and the compilation of a decoder's steps."""
 
 from __future__ import annotations
 
 import dataclasses
+import logging
+import os
+import shutil
 from dataclasses import dataclass
 
 import torch
@@ -12,10 +15,9 @@ from torch import nn
 from captioner.errors import CaptionerError
 from captioner.models.encoder import Encoder, EncoderConfig, build_encoder
 from captioner.models.lstm_decoder import LSTMDecoder, LSTMDecoderConfig
-from captioner.models.transformer_decoder import (
-    TransformerDecoder,
-    TransformerDecoderConfig,
-)
+from captioner.models.transformer_decoder import TransformerDecoder, TransformerDecoderConfig
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -96,3 +98,21 @@ def build_model(config: dict, vocab_size: int, pretrained: bool | None = None) -
     encoder = build_encoder(EncoderConfig(**encoder_config))
     decoder = build_decoder(config["model"], vocab_size, encoder.feature_dim, encoder.grid)
     return Captioner(encoder, decoder)
+
+
+def compile_decoder(decoder: nn.Module, mode: str | None = None, targets: tuple[str, ...] | None = None) -> bool:
+    """Compile the parts of ``decoder`` it names in ``compile_targets`` (the work repeated at every word of
+    teacher forcing), or ``targets`` (e.g. ``("step",)`` for decoding), with ``torch.compile`` (dynamic shapes:
+    the running rows shrink step by step; ``mode="reduce-overhead"`` replays CUDA graphs). Returns False,
+    leaving the decoder as it is, when there is nothing to compile or no C++ compiler for the CPU backend; an
+    error while compiling later falls back to running uncompiled (torch's ``suppress_errors``)."""
+    targets = getattr(decoder, "compile_targets", ()) if targets is None else targets
+    on_cpu = next(decoder.parameters()).device.type == "cpu"
+    if not targets or on_cpu and not any(shutil.which(c) for c in (os.environ.get("CXX", "g++"), "c++", "clang++")):
+        log.warning("torch.compile: %s; running uncompiled", "no C++ compiler found for torch.compile's CPU backend"
+                    if targets else f"{type(decoder).__name__} names nothing to compile")
+        return False
+    torch._dynamo.config.suppress_errors = True
+    for name in targets:
+        setattr(decoder, name, torch.compile(getattr(decoder, name), dynamic=True, mode=mode))
+    return True

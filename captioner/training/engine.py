@@ -14,8 +14,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import os
-import shutil
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -41,7 +39,7 @@ from captioner.decoding.search import DecodeConfig
 from captioner.errors import CaptionerError
 from captioner.evaluation.caption_metrics import score_captions
 from captioner.evaluation.generate import caption_texts, generate_captions
-from captioner.models.captioner import Captioner, build_model
+from captioner.models.captioner import Captioner, build_model, compile_decoder
 from captioner.training.distributed import (
     World,
     all_sum,
@@ -202,23 +200,6 @@ def autocast(device: torch.device, enabled: bool):
     if device.type == "cuda":
         return torch.autocast("cuda", dtype=torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16)
     return torch.autocast(device.type, dtype=torch.bfloat16)
-
-
-def compile_decoder(decoder: nn.Module, mode: str | None = None) -> bool:
-    """Compile the parts of ``decoder`` it names in ``compile_targets`` (the work repeated at every word) with
-    ``torch.compile`` (dynamic shapes: the running rows shrink step by step). Returns False, leaving the decoder
-    as it is, when the decoder names none or no C++ compiler is found for the CPU backend; an error while
-    compiling later falls back to running uncompiled (torch's ``suppress_errors``)."""
-    targets = getattr(decoder, "compile_targets", ())
-    on_cpu = next(decoder.parameters()).device.type == "cpu"
-    if not targets or on_cpu and not any(shutil.which(c) for c in (os.environ.get("CXX", "g++"), "c++", "clang++")):
-        log.warning("train.compile: %s; running uncompiled", "no C++ compiler found for torch.compile's CPU backend"
-                    if targets else f"{type(decoder).__name__} names nothing to compile")
-        return False
-    torch._dynamo.config.suppress_errors = True
-    for name in targets:
-        setattr(decoder, name, torch.compile(getattr(decoder, name), dynamic=True, mode=mode))
-    return True
 
 
 def wrap_model(model: Captioner, config: dict, world: World, device: torch.device) -> nn.Module:
