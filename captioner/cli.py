@@ -97,7 +97,7 @@ def _cmd_ground(args) -> int:
     from captioner.evaluation.grounding import format_grounding
 
     grounding = ground_checkpoint(args.checkpoint, args.split, beam_size=args.beam, out_dir=args.out,
-                                  overrides=_split_overrides(args), device=args.device)
+                                  overrides=_split_overrides(args), device=args.device, references=args.references)
     print(json.dumps(grounding, indent=2) if args.json else format_grounding(grounding))
     return 0
 
@@ -239,6 +239,8 @@ def build_parser() -> argparse.ArgumentParser:
     ground.add_argument("--split", default="test")
     ground.add_argument("--beam", type=int, default=None, help="beam size (default: the config's decode.beam)")
     ground.add_argument("--out", help="folder for grounding_SPLIT.json (default: the checkpoint's folder)")
+    ground.add_argument("--references", action="store_true", help="ground the attention the model pays while it "
+                        "reads the split's reference captions, not its own captions")
     ground.add_argument("--json", action="store_true", help="print the JSON instead of the table")
     ground.add_argument("--device", default="auto")
     ground.set_defaults(func=_cmd_ground)

@@ -191,3 +191,13 @@ def test_grounding_skips_images_the_instances_file_lacks_and_counts_them(coco_ta
     assert result["words"] == 2
     with pytest.raises(CaptionerError, match="none of the 1 images is in the instances file"):
         ground({99: generations[99]}, COCO_VOCAB, coco_targets, {5: SIZE}, GRID)
+
+
+def test_grounding_takes_several_captions_of_one_image(coco_targets):
+    caption = "a puppy near two men"
+    tokens = COCO_VOCAB.encode(caption, 20)[1:-1]
+    on_dog = torch.tensor(np.stack([one_hot(0, 0).reshape(-1)] * len(tokens)), dtype=torch.float32)
+    pairs = [(5, Generation(tokens, 0.0, {"alpha": on_dog})), (5, Generation(tokens, 0.0, {"alpha": on_dog}))]
+    result = ground(pairs, COCO_VOCAB, coco_targets, {5: SIZE}, GRID)
+    assert result["words"] == 4 and result["images_grounded"] == 1
+    assert result["per_word"]["puppy"]["pointing_accuracy"] == 1.0

@@ -176,6 +176,12 @@ def test_train_from_cached_features_then_cli_caption_and_evaluate(tiny_coco, tmp
     scores = json.loads((tmp_path / "eval2" / "scores_test.json").read_text())
     assert scores["images"] == 6 and "CIDEr" in scores
     assert scores["grounding"]["images_grounded"] == 1 and scores["grounding"]["images_without_objects"] == 5
+    capsys.readouterr()   # the model's attention while it reads image 300's two references: one shape word each
+    assert main(["ground", checkpoint, "--split", "test", "--references", "--instances", str(tmp_path / "instances.json"),
+                 "--json", "--device", "cpu", "--out", str(tmp_path / "ground")]) == 0
+    grounding = json.loads(capsys.readouterr().out)
+    assert grounding["words"] == 2 and grounding["images_grounded"] == 1 and grounding["images_without_objects"] == 5
+    assert (tmp_path / "ground" / "grounding_references_test.json").exists()
 
 
 def test_hard_attention_run_round_trips_and_compare_writes_report(tiny_coco, tmp_path, capsys):

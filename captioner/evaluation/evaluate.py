@@ -16,7 +16,7 @@ from captioner.errors import CaptionerError
 from captioner.evaluation.attention_stats import attention_statistics
 from captioner.evaluation.caption_metrics import score_captions, write_coco_results
 from captioner.evaluation.diversity import diversity_measures
-from captioner.evaluation.generate import caption_texts, generate_captions
+from captioner.evaluation.generate import caption_texts, generate_captions, read_references
 from captioner.evaluation.grounding import (
     ShapesTargets,
     ground,
@@ -108,12 +108,19 @@ def _attention_scores(generations, vocab, config: dict, split: str, grid: tuple[
 
 def ground_checkpoint(checkpoint: str | Path, split: str = "test", *, beam_size: int | None = None,
                       out_dir: str | Path | None = None, overrides: Sequence[str] = (), device: str = "auto",
-                      progress: bool = True) -> dict:
-    """Attention grounding of ``checkpoint``'s captions on ``split`` against the instances file its config
-    names (``data.instances``: shapes boxes or COCO masks); writes ``grounding_{split}.json`` into
+                      progress: bool = True, references: bool = False) -> dict:
+    """Attention grounding of ``checkpoint``'s captions on ``split`` (with ``references``: of its attention while
+    it reads the split's reference captions) against the instances file its config names (``data.instances``:
+    shapes boxes or COCO masks); writes ``grounding_{split}.json`` (``grounding_references_{split}.json``) into
     ``out_dir`` (default: the checkpoint's folder)."""
-    model, vocab, config, _, generations, _ = decode_split(
-        checkpoint, split, beam_size=beam_size, overrides=overrides, device=device, progress=progress)
+    if references:
+        model, vocab, config = load_models(checkpoint, resolve_device(device), overrides)
+        pairs = make_dataset(config, read_split(config["data"], split), vocab, model.encoder, pairs=True,
+                             whole_cache_only=True)
+        generations = read_references(model, pairs)
+    else:
+        model, vocab, config, _, generations, _ = decode_split(
+            checkpoint, split, beam_size=beam_size, overrides=overrides, device=device, progress=progress)
     targets, image_sizes = _targets(config, split)
     if targets is None:
         raise CaptionerError(f"{checkpoint}: its config names no instances file for split '{split}' "
@@ -123,5 +130,6 @@ def ground_checkpoint(checkpoint: str | Path, split: str = "test", *, beam_size:
         raise CaptionerError(f"{checkpoint}: this decoder reports no attention maps (model.lstm.attention=none)")
     out_dir = Path(out_dir) if out_dir else Path(checkpoint).parent
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / f"grounding_{split}.json").write_text(json.dumps(grounding, indent=2))
+    name = f"grounding_references_{split}.json" if references else f"grounding_{split}.json"
+    (out_dir / name).write_text(json.dumps(grounding, indent=2))
     return grounding

@@ -35,5 +35,25 @@ def generate_captions(model, dataset: CaptionDataset, vocab: Vocabulary, setting
     return out
 
 
+def read_references(model, dataset: CaptionDataset, *, batch_size: int = 64) -> list[tuple[int, Generation]]:
+    """``(image_id, Generation)`` for every reference caption of ``dataset`` (built with ``pairs=True``): the
+    attention the model pays while it reads the human caption (teacher forcing), one map per word; what
+    ``captioner ground --references`` measures, free of the model's own captions' mistakes."""
+    loader = DataLoader(dataset, batch_size=batch_size, collate_fn=collate)
+    device = model.device
+    model.eval()
+    out = []
+    with torch.inference_mode():
+        for batch in loader:
+            if batch["size"] == 0:
+                continue
+            captions = batch["captions"].to(device)
+            alpha = model(captions, **visual_inputs(batch, device)).alpha                # (B, T, L)
+            for row, image_id in enumerate(batch["image_id"]):
+                words = [t for t in captions[row, 1:].tolist() if t not in (0, 2)]          # no <pad>, <end>
+                out.append((image_id, Generation(words, 0.0, {"alpha": alpha[row, :len(words)].float().cpu()})))
+    return out
+
+
 def caption_texts(generations: Mapping[int, Generation], vocab: Vocabulary) -> dict[int, str]:
     return {image_id: vocab.decode(g.tokens) for image_id, g in generations.items()}

@@ -32,7 +32,7 @@ from __future__ import annotations
 import contextlib
 import io
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -212,10 +212,12 @@ class _Counts:
                 "centre_pointing": self.centre_hits / n}
 
 
-def ground(generations: Mapping[int, Generation], vocab, targets: ShapesTargets | CocoTargets,
-           image_sizes: Mapping[int, tuple[int, int]], grid: tuple[int, int]) -> dict | None:
-    """Grounding of ``generations`` (``{image_id: Generation}``) against ``targets``, images of
-    ``image_sizes`` ``{image_id: (width, height)}`` seen through a ``grid = (gh, gw)`` of regions.
+def ground(generations: Mapping[int, Generation] | Iterable[tuple[int, Generation]], vocab,
+           targets: ShapesTargets | CocoTargets, image_sizes: Mapping[int, tuple[int, int]],
+           grid: tuple[int, int]) -> dict | None:
+    """Grounding of ``generations`` (``{image_id: Generation}``, or ``(image_id, Generation)`` pairs: several
+    captions of an image) against ``targets``, images of ``image_sizes`` ``{image_id: (width, height)}`` seen
+    through a ``grid = (gh, gw)`` of regions.
 
     Images that the instances file does not hold (a file covering part of the split) are left out and
     counted in ``images_without_objects``; ``images_grounded`` counts the rest. Returns the overall measures
@@ -225,7 +227,8 @@ def ground(generations: Mapping[int, Generation], vocab, targets: ShapesTargets 
     """
     total, per_word, per_category = _Counts(), {}, {}
     map_name, absent = None, []
-    for image_id, generation in generations.items():
+    pairs = list(generations.items() if isinstance(generations, Mapping) else generations)
+    for image_id, generation in pairs:
         if not generation.attention:
             return None
         map_name = "chosen" if "chosen" in generation.attention else "alpha"
@@ -244,11 +247,12 @@ def ground(generations: Mapping[int, Generation], vocab, targets: ShapesTargets 
             per_category.setdefault(target.category, _Counts()).add(*counts)
     if map_name is None:
         return None
-    if absent and len(absent) == len(generations):
+    if absent and len(absent) == len(pairs):
         raise CaptionerError(f"grounding: none of the {len(absent)} images is in the instances file (e.g. image "
                              f"{absent[0]!r}): captions and instances files of different splits?")
-    return {**total.summary(), "map": map_name, "images_grounded": len(generations) - len(absent),
-            "images_without_objects": len(absent),
+    images, without = {i for i, _ in pairs}, set(absent)
+    return {**total.summary(), "map": map_name, "images_grounded": len(images - without),
+            "images_without_objects": len(without),
             "per_word": {word: counts.summary() for word, counts in sorted(per_word.items())},
             "per_category": {name: counts.summary() for name, counts in sorted(per_category.items())}}
 

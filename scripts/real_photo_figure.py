@@ -1,0 +1,46 @@
+"""Draw a model's attention on a real photo that may be published: the photos scikit-image ships (public domain
+or CC0, see ``skimage.data``), not the research-only Flickr or COCO images. The README's real-photo figure is
+
+    python scripts/real_photo_figure.py runs/flickr8k_soft/best.pt --photo astronaut --out docs/flickr_attention.png
+
+It writes the photo to a temporary PNG and runs what ``captioner attend`` runs on it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+
+from PIL import Image
+from skimage import data
+
+from captioner.checkpoint import load_model
+from captioner.decoding.search import DecodeConfig
+from captioner.inference import attend_file
+
+PHOTOS = {   # skimage.data name -> its licence, as skimage.data documents it
+    "astronaut": "public domain (NASA)",
+    "chelsea": "CC0 (Stefan van der Walt)",
+    "coffee": "CC0 (Rachel Michetti)",
+    "rocket": "public domain (SpaceX)",
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("checkpoint")
+    parser.add_argument("--photo", choices=sorted(PHOTOS), default="astronaut")
+    parser.add_argument("--out", required=True, help="the figure (PNG)")
+    parser.add_argument("--beam", type=int, default=None)
+    args = parser.parse_args()
+    model, vocab, config, _ = load_model(args.checkpoint)
+    with tempfile.TemporaryDirectory() as folder:
+        photo = Path(folder) / f"{args.photo}.png"
+        Image.fromarray(getattr(data, args.photo)()).save(photo)
+        result = attend_file(model, vocab, photo, args.out, DecodeConfig.of(config, beam=args.beam))
+    print(f"{args.photo} ({PHOTOS[args.photo]}): {result.caption}\nwrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
