@@ -89,7 +89,7 @@ def ensure_cache(config: dict, folder: Path, overrides: list[str]) -> None:
                     f"data.features={folder}", "--splits", *config], check=True)
 
 
-def run_variant(name: str, seed: int, epochs: int) -> dict:
+def run_variant(name: str, seed: int, epochs: int, reuse: bool = False) -> dict:
     description, overrides = VARIANTS[name]
     out = OUT / f"{name}_s{seed}"
     config = load_config(CONFIG, [*overrides, f"run.seed={seed}", f"train.epochs={epochs}", f"run.out={out}",
@@ -98,8 +98,12 @@ def run_variant(name: str, seed: int, epochs: int) -> dict:
     ensure_cache(["train", "val"], Path(config["data"]["features"]), encoder_overrides)
     coco_features = str(Path(config["data"]["features"]).with_name(Path(config["data"]["features"]).name + "_coco_mini"))
     started = time.perf_counter()
-    result = train(config, overwrite=True)
-    seconds = time.perf_counter() - started
+    if reuse and (out / "best.pt").exists():   # trained before: score it again
+        result = {"checkpoint": str(out / "best.pt"), "best": None}
+        seconds = torch.load(out / "last.pt", weights_only=True)["progress"]["train_seconds"]
+    else:
+        result = train(config, overwrite=True)
+        seconds = time.perf_counter() - started
     val = evaluate_checkpoint(result["checkpoint"], "val", beam_size=3, out_dir=out, progress=False)
     coco, references = {}, None
     if COCO_MINI.exists():
@@ -160,6 +164,7 @@ def main() -> None:
     parser.add_argument("--seeds", nargs="+", type=int, default=[0])
     parser.add_argument("--epochs", type=int, default=12, help="the budget: epochs that take ~10 min on 2 cores")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--reuse", action="store_true", help="score a variant's existing checkpoint instead of training")
     parser.add_argument("--table", action="store_true", help="print the table of results.jsonl and stop")
     parser.add_argument("--grade", action="store_true", help="with --table: first add the reference grounding to "
                         "the runs that lack it (rewrites results.jsonl)")
@@ -169,7 +174,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
         for seed in args.seeds:
             for name in args.variants:
-                row = run_variant(name, seed, args.epochs)
+                row = run_variant(name, seed, args.epochs, reuse=args.reuse)
                 print(json.dumps(row["val"]), json.dumps(row["val_attention"]), flush=True)
     results = OUT / "results.jsonl"
     rows = [json.loads(line) for line in results.read_text().splitlines()] if results.exists() else []
