@@ -62,6 +62,12 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
                              ["loss.doubly_stochastic_scale=word", "model.lstm.region_norm=layer",
                               "model.lstm.learned_sharpness=true"]),
     "layernorm_lambda0": ("LayerNorm, no doubly stochastic term", ["loss.doubly_stochastic=0", "model.lstm.region_norm=layer"]),
+    "ln_relu_word_sharp": ("LayerNorm + ReLU + per word + learned sharpness",
+                           ["loss.doubly_stochastic_scale=word", "model.lstm.region_norm=layer",
+                            "model.lstm.score_activation=relu", "model.lstm.learned_sharpness=true"]),
+    "ln_relu_lambda0_sharp": ("LayerNorm + ReLU + no term + learned sharpness",
+                              ["loss.doubly_stochastic=0", "model.lstm.region_norm=layer",
+                               "model.lstm.score_activation=relu", "model.lstm.learned_sharpness=true"]),
     "none": ("no attention (mean of regions): the ablation", ["model.lstm.attention=none", "loss.doubly_stochastic=0"]),
 }
 
