@@ -68,6 +68,10 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
     "ln_relu_lambda0_sharp": ("LayerNorm + ReLU + no term + learned sharpness",
                               ["loss.doubly_stochastic=0", "model.lstm.region_norm=layer",
                                "model.lstm.score_activation=relu", "model.lstm.learned_sharpness=true"]),
+    "ln_word_0.2": ("LayerNorm + lambda 0.2 per word", ["loss.doubly_stochastic_scale=word", "loss.doubly_stochastic=0.2",
+                                                       "model.lstm.region_norm=layer"]),
+    "ln_word_0.05": ("LayerNorm + lambda 0.05 per word", ["loss.doubly_stochastic_scale=word", "loss.doubly_stochastic=0.05",
+                                                         "model.lstm.region_norm=layer"]),
     "none": ("no attention (mean of regions): the ablation", ["model.lstm.attention=none", "loss.doubly_stochastic=0"]),
 }
 
