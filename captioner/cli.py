@@ -158,9 +158,9 @@ def _cmd_serve(args) -> int:
 
 
 def _cmd_demo(args) -> int:
-    from captioner.demo import run_demo
+    from captioner.demo import DEMO_RUNS, run_demo
 
-    run_demo(Path(args.out), data_dir=Path(args.data), fast=args.fast)
+    run_demo(Path(args.out), data_dir=Path(args.data), fast=args.fast, runs=tuple(args.runs or DEMO_RUNS))
     return 0
 
 
@@ -303,6 +303,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--out", default="runs/demo")
     demo.add_argument("--data", default="data/shapes")
     demo.add_argument("--fast", action="store_true", help="a tiny run that only checks the pipeline")
+    demo.add_argument("--runs", nargs="+", metavar="RUN", help="train only these runs (default: all of soft, "
+                      "none, hard, transformer, soft_scst; soft_scst needs soft, trained now or before)")
     demo.set_defaults(func=_cmd_demo)
     return parser
 

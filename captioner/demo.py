@@ -1,5 +1,6 @@
 """The main job (``make demo``): shapes data -> cached features -> train each demo run -> test scores ->
-figures -> comparison report.
+figures -> comparison report. ``captioner demo --runs soft_scst`` retrains only the runs named and keeps the
+other rows of an earlier summary in the same folder.
 
 Runs ``configs/demo_{name}.yaml`` for each name in ``DEMO_RUNS`` with the same seed and budget,
 evaluates each on the held-out test split (beam: the configs' decode.beam), captions a few test images with attention
@@ -84,8 +85,9 @@ def cache_demo_features(config: dict) -> float:
     return time.perf_counter() - started
 
 
-def demo_figures(checkpoint: Path, config: dict, out_dir: Path, count: int) -> list[str]:
-    """Caption the first ``count`` test images and draw their attention figures (as ``captioner attend``)."""
+def demo_figures(checkpoint: Path, out_dir: Path, count: int) -> list[str]:
+    """Caption the first ``count`` test images of the checkpoint's data and draw their attention figures (as
+    ``captioner attend``)."""
     model, vocab, config, _ = load_model(checkpoint)
     paths = []
     for record in read_split(config["data"], "test")[:count]:
@@ -100,29 +102,48 @@ def demo_figures(checkpoint: Path, config: dict, out_dir: Path, count: int) -> l
 def run_demo(out: Path, data_dir: Path, fast: bool = False, runs: tuple[str, ...] = DEMO_RUNS) -> dict:
     """The whole main job; returns (and writes) the summary."""
     started = time.perf_counter()
+    unknown = sorted(set(runs) - set(DEMO_RUNS))
+    if unknown:
+        raise CaptionerError(f"demo: no run named {', '.join(unknown)} (the runs: {', '.join(DEMO_RUNS)})")
+    runs = tuple(name for name in DEMO_RUNS if name in runs)    # the order in which runs build on each other
+    for name in runs:
+        start = out / STARTS_FROM.get(name, name) / "best.pt"
+        if name in STARTS_FROM and STARTS_FROM[name] not in runs and not start.exists():
+            raise CaptionerError(f"{start}: demo run '{name}' starts from run '{STARTS_FROM[name]}', which is "
+                                 f"neither among --runs nor trained before")
     out.mkdir(parents=True, exist_ok=True)
     data_info = ensure_shapes(data_dir, num_images=150 if fast else 3000)
     reset_stale_features(out / "features", data_info)
     common = shapes_overrides(data_dir, out / "features") + (FAST_OVERRIDES if fast else [])
     configs = {name: load_config(CONFIG_DIR / f"demo_{name}.yaml", common + [f"run.out={out / name}"] + (
         [f"train.init_from={out / STARTS_FROM[name] / 'best.pt'}"] if name in STARTS_FROM else [])) for name in runs}
-    feature_seconds = cache_demo_features(configs[runs[0]])
+    # Every run reads the features of the first run's encoder (the runs that fine-tune another keep its encoder).
+    feature_seconds = cache_demo_features(load_config(CONFIG_DIR / f"demo_{DEMO_RUNS[0]}.yaml", common))
     print(f"features cached in {feature_seconds:.1f} s")
-    summary: dict = {"runs": {}, "figures": [], "feature_seconds": round(feature_seconds, 1)}
+    summary: dict = {"runs": earlier_runs(out, keep=set(DEMO_RUNS) - set(runs)), "figures": [],
+                     "feature_seconds": round(feature_seconds, 1)}
     for name, config in configs.items():
         summary["runs"][name] = train_and_score(name, config, out, started)
-    print("\n== captions and attention figures (soft) ==")
-    figure_dir = out / "figures"
-    summary["figures"] = demo_figures(Path(summary["runs"][runs[0]]["checkpoint"]), configs[runs[0]], figure_dir,
-                                      FIGURE_IMAGES)
+    summary["runs"] = {name: summary["runs"][name] for name in DEMO_RUNS if name in summary["runs"]}
+    shown = next(iter(summary["runs"]))          # soft, unless an earlier demo in out did not train it
+    print(f"\n== captions and attention figures ({shown}) ==")
+    summary["figures"] = demo_figures(Path(summary["runs"][shown]["checkpoint"]), out / "figures", FIGURE_IMAGES)
     print("\n== comparison report ==")
-    report = write_report([out / name for name in runs], out / "report", stats_images=100)
+    report = write_report([out / name for name in summary["runs"]], out / "report", stats_images=100)
     summary["report"] = report["html"]
     summary["total_seconds"] = round(time.perf_counter() - started, 1)
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     print_summary(summary)
     print(f"\nwrote {out / 'summary.json'}")
     return summary
+
+
+def earlier_runs(out: Path, keep: set[str]) -> dict:
+    """The summary rows of runs in ``keep`` that an earlier demo in ``out`` trained (their checkpoints still
+    there), so that a demo of a few ``runs`` keeps the others in its summary and report."""
+    path = out / "summary.json"
+    rows = json.loads(path.read_text())["runs"] if path.exists() else {}
+    return {name: row for name, row in rows.items() if name in keep and Path(row["checkpoint"]).exists()}
 
 
 def train_and_score(name: str, config: dict, out: Path, started: float) -> dict:

@@ -23,6 +23,10 @@ def test_demo_fast_writes_the_summary_figures_and_report(tmp_path, capsys):
     assert (out / "report" / "report.html").stat().st_size > 10_000
     printed = capsys.readouterr().out
     assert "pointing_accuracy" in printed and "wrote" in printed
-    # A second run reuses the data and the feature cache.
-    assert main(["demo", "--fast", "--out", str(out), "--data", str(data)]) == 0
+    # A second run reuses the data and the feature cache; --runs trains a subset, SCST from the soft run before.
+    assert main(["demo", "--fast", "--out", str(out), "--data", str(data), "--runs", "soft_scst"]) == 0
     assert "shapes data: reusing" in capsys.readouterr().out
+    rerun = json.loads((out / "summary.json").read_text())["runs"]
+    assert list(rerun) == list(DEMO_RUNS) and rerun["soft"] == summary["runs"]["soft"]   # the others kept
+    assert main(["demo", "--fast", "--out", str(tmp_path / "other"), "--data", str(data), "--runs", "soft_scst"]) == 1
+    assert "starts from run 'soft'" in capsys.readouterr().err
