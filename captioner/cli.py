@@ -160,7 +160,8 @@ def _cmd_serve(args) -> int:
 def _cmd_demo(args) -> int:
     from captioner.demo import DEMO_RUNS, run_demo
 
-    run_demo(Path(args.out), data_dir=Path(args.data), fast=args.fast, runs=tuple(args.runs or DEMO_RUNS))
+    run_demo(Path(args.out), data_dir=Path(args.data), fast=args.fast, runs=tuple(args.runs or DEMO_RUNS),
+             seed=args.seed)
     return 0
 
 
@@ -303,6 +304,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--out", default="runs/demo")
     demo.add_argument("--data", default="data/shapes")
     demo.add_argument("--fast", action="store_true", help="a tiny run that only checks the pipeline")
+    demo.add_argument("--seed", type=int, default=None, help="every run's run.seed (default: the configs', 0); "
+                      "the shapes data stay the same")
     demo.add_argument("--runs", nargs="+", metavar="RUN", help="train only these runs (default: all of soft, "
                       "none, hard, transformer, soft_scst; soft_scst needs soft, trained now or before)")
     demo.set_defaults(func=_cmd_demo)

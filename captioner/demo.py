@@ -99,8 +99,10 @@ def demo_figures(checkpoint: Path, out_dir: Path, count: int) -> list[str]:
     return paths
 
 
-def run_demo(out: Path, data_dir: Path, fast: bool = False, runs: tuple[str, ...] = DEMO_RUNS) -> dict:
-    """The whole main job; returns (and writes) the summary."""
+def run_demo(out: Path, data_dir: Path, fast: bool = False, runs: tuple[str, ...] = DEMO_RUNS,
+             seed: int | None = None) -> dict:
+    """The whole main job; returns (and writes) the summary. ``seed``: every run's ``run.seed`` instead of the
+    configs' (the shapes data stay those of seed 0)."""
     started = time.perf_counter()
     unknown = sorted(set(runs) - set(DEMO_RUNS))
     if unknown:
@@ -114,7 +116,8 @@ def run_demo(out: Path, data_dir: Path, fast: bool = False, runs: tuple[str, ...
     out.mkdir(parents=True, exist_ok=True)
     data_info = ensure_shapes(data_dir, num_images=150 if fast else 3000)
     reset_stale_features(out / "features", data_info)
-    common = shapes_overrides(data_dir, out / "features") + (FAST_OVERRIDES if fast else [])
+    common = (shapes_overrides(data_dir, out / "features") + (FAST_OVERRIDES if fast else [])
+              + ([] if seed is None else [f"run.seed={seed}"]))
     configs = {name: load_config(CONFIG_DIR / f"demo_{name}.yaml", common + [f"run.out={out / name}"] + (
         [f"train.init_from={out / STARTS_FROM[name] / 'best.pt'}"] if name in STARTS_FROM else [])) for name in runs}
     # Every run reads the features of the first run's encoder (the runs that fine-tune another keep its encoder).

@@ -1,7 +1,8 @@
 """Why is attention flat on real photos, and what makes it attend? The study behind the README's
 "Attention on real photos" section, reproducible with this script.
 
-Each variant is the Flickr recipe (``configs/flickr8k_soft.yaml``: VGG-19 conv5_4 14x14x512, cached) with
+Each variant is the Flickr recipe as it was before the study (``configs/flickr8k_soft.yaml`` with ``BEFORE``:
+VGG-19 conv5_4 14x14x512, cached, lambda 1 per caption) with
 a few overrides, trained for the same number of epochs (``--epochs``, the 10-minute budget of a 2-core
 CPU) on the 700 training photos of ``../shared/data/flickr8k-800``, then
 
@@ -12,6 +13,7 @@ CPU) on the 700 training photos of ``../shared/data/flickr8k-800``, then
 
     python scripts/attention_study.py --variants baseline word --seeds 0      # two variants, seed 0
     python scripts/attention_study.py --table                                 # the table of what has run
+    python scripts/attention_study.py --categories ln_word_0.05_s0            # coco-mini pointing per category
 
 Results go to ``runs/attention_study/VARIANT_sSEED/`` and one line per run to
 ``runs/attention_study/results.jsonl``. Never commit them: they derive from research-only photos.
@@ -38,7 +40,11 @@ COCO_MINI = ROOT.parent / "shared" / "data" / "coco-mini"
 OUT = ROOT / "runs" / "attention_study"
 FEATURES = ROOT / "runs" / "features"
 
-# name -> (what it changes, overrides on configs/flickr8k_soft.yaml)
+# The recipe before the study (lambda 1 per caption, tanh score, raw regions): every variant is these overrides on
+# configs/flickr8k_soft.yaml, then its own. The recipe the study chose, today's config, is variant ln_word_0.05.
+BEFORE = ["loss.doubly_stochastic=1.0", "loss.doubly_stochastic_scale=caption", "model.lstm.region_norm=none"]
+
+# name -> (what it changes, overrides on the recipe before the study)
 VARIANTS: dict[str, tuple[str, list[str]]] = {
     "baseline": ("today's recipe: lambda 1 per caption, tanh score", ["loss.doubly_stochastic_scale=caption"]),
     "lambda0": ("no doubly stochastic term", ["loss.doubly_stochastic=0"]),
@@ -72,6 +78,11 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
                                                        "model.lstm.region_norm=layer"]),
     "ln_word_0.05": ("LayerNorm + lambda 0.05 per word", ["loss.doubly_stochastic_scale=word", "loss.doubly_stochastic=0.05",
                                                          "model.lstm.region_norm=layer"]),
+    "ln_word_0.05_sharp": ("LayerNorm + lambda 0.05 per word + learned sharpness",
+                           ["loss.doubly_stochastic_scale=word", "loss.doubly_stochastic=0.05",
+                            "model.lstm.region_norm=layer", "model.lstm.learned_sharpness=true"]),
+    "ln_word_0.05_relu": ("LayerNorm + lambda 0.05 per word + ReLU", ["loss.doubly_stochastic_scale=word",
+                          "loss.doubly_stochastic=0.05", "model.lstm.region_norm=layer", "model.lstm.score_activation=relu"]),
     "none": ("no attention (mean of regions): the ablation", ["model.lstm.attention=none", "loss.doubly_stochastic=0"]),
 }
 
@@ -102,7 +113,7 @@ def ensure_cache(config: dict, folder: Path, overrides: list[str]) -> None:
 def run_variant(name: str, seed: int, epochs: int, reuse: bool = False) -> dict:
     description, overrides = VARIANTS[name]
     out = OUT / f"{name}_s{seed}"
-    config = load_config(CONFIG, [*overrides, f"run.seed={seed}", f"train.epochs={epochs}", f"run.out={out}",
+    config = load_config(CONFIG, [*BEFORE, *overrides, f"run.seed={seed}", f"train.epochs={epochs}", f"run.out={out}",
                                   "train.early_stopping=0", "train.wandb=disabled"])
     encoder_overrides = [o for o in overrides if o.startswith("encoder.")]
     ensure_cache(["train", "val"], Path(config["data"]["features"]), encoder_overrides)
@@ -155,6 +166,24 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def category_table(rows: list[dict], run: str) -> str:
+    """Pointing accuracy on coco-mini per COCO category of one run (``VARIANT_sSEED``), with word counts, on its
+    own captions and on the human references it reads, beside the uniform and centre baselines."""
+    row = next((r for r in rows if f"{r['variant']}_s{r['seed']}" == run), None)
+    if row is None:
+        raise SystemExit(f"{OUT / 'results.jsonl'}: no run {run}")
+    own = (row.get("coco_mini_grounding") or {}).get("per_category", {})
+    read = (row.get("coco_mini_reference_grounding") or {}).get("per_category", {})
+    lines = ["| category | own captions: words | pointing | references: words | pointing | uniform | centre |",
+             "|" + "---|" * 7]
+    for name in sorted(set(own) | set(read), key=lambda n: -read.get(n, {}).get("words", 0)):
+        o, r = own.get(name, {}), read.get(name, {})
+        cell = lambda d, k: f"{d[k]:.2f}" if k in d else "–"   # noqa: E731
+        lines.append(f"| {name} | {o.get('words', 0)} | {cell(o, 'pointing_accuracy')} | {r.get('words', 0)} | "
+                     f"{cell(r, 'pointing_accuracy')} | {cell(r or o, 'uniform_pointing')} | {cell(r or o, 'centre_pointing')} |")
+    return "\n".join(lines)
+
+
 def grade_missing(rows: list[dict]) -> list[dict]:
     """Add the reference grounding to the rows of runs made before it was measured."""
     for row in rows:
@@ -176,11 +205,13 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--reuse", action="store_true", help="score a variant's existing checkpoint instead of training")
     parser.add_argument("--table", action="store_true", help="print the table of results.jsonl and stop")
+    parser.add_argument("--categories", metavar="VARIANT_sSEED", help="print one run's coco-mini pointing per "
+                        "category and stop")
     parser.add_argument("--grade", action="store_true", help="with --table: first add the reference grounding to "
                         "the runs that lack it (rewrites results.jsonl)")
     args = parser.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
-    if not args.table:
+    if not args.table and not args.categories:
         torch.set_num_threads(args.threads)
         for seed in args.seeds:
             for name in args.variants:
@@ -191,7 +222,7 @@ def main() -> None:
     if args.grade:
         rows = grade_missing(rows)
         results.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    print(table(rows))
+    print(category_table(rows, args.categories) if args.categories else table(rows))
 
 
 if __name__ == "__main__":

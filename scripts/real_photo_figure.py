@@ -33,12 +33,18 @@ def main() -> None:
     parser.add_argument("--photo", choices=sorted(PHOTOS), default="astronaut")
     parser.add_argument("--out", required=True, help="the figure (PNG)")
     parser.add_argument("--beam", type=int, default=None)
+    parser.add_argument("--width", type=int, default=800, help="the figure is shrunk to this many pixels wide and "
+                        "saved with 128 colours, small enough for a README")
     args = parser.parse_args()
     model, vocab, config, _ = load_model(args.checkpoint)
     with tempfile.TemporaryDirectory() as folder:
         photo = Path(folder) / f"{args.photo}.png"
         Image.fromarray(getattr(data, args.photo)()).save(photo)
         result = attend_file(model, vocab, photo, args.out, DecodeConfig.of(config, beam=args.beam))
+    figure = Image.open(args.out).convert("RGB")
+    if figure.width > args.width:
+        figure = figure.resize((args.width, round(figure.height * args.width / figure.width)), Image.LANCZOS)
+    figure.quantize(128).save(args.out, optimize=True)
     print(f"{args.photo} ({PHOTOS[args.photo]}): {result.caption}\nwrote {args.out}")
 
 

@@ -4,6 +4,7 @@ summarised in the shape `make demo` promises, figures and the comparison report 
 import json
 from pathlib import Path
 
+import yaml
 from captioner.cli import main
 from captioner.demo import DEMO_RUNS
 
@@ -24,9 +25,10 @@ def test_demo_fast_writes_the_summary_figures_and_report(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "pointing_accuracy" in printed and "wrote" in printed
     # A second run reuses the data and the feature cache; --runs trains a subset, SCST from the soft run before.
-    assert main(["demo", "--fast", "--out", str(out), "--data", str(data), "--runs", "soft_scst"]) == 0
+    assert main(["demo", "--fast", "--out", str(out), "--data", str(data), "--runs", "soft_scst", "--seed", "1"]) == 0
     assert "shapes data: reusing" in capsys.readouterr().out
     rerun = json.loads((out / "summary.json").read_text())["runs"]
     assert list(rerun) == list(DEMO_RUNS) and rerun["soft"] == summary["runs"]["soft"]   # the others kept
+    assert yaml.safe_load((out / "soft_scst" / "config.yaml").read_text())["run"]["seed"] == 1
     assert main(["demo", "--fast", "--out", str(tmp_path / "other"), "--data", str(data), "--runs", "soft_scst"]) == 1
     assert "starts from run 'soft'" in capsys.readouterr().err
