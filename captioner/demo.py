@@ -108,10 +108,10 @@ def run_demo(out: Path, data_dir: Path, fast: bool = False, runs: tuple[str, ...
     if unknown:
         raise CaptionerError(f"demo: no run named {', '.join(unknown)} (the runs: {', '.join(DEMO_RUNS)})")
     runs = tuple(name for name in DEMO_RUNS if name in runs)    # the order in which runs build on each other
-    for name in runs:
-        start = out / STARTS_FROM.get(name, name) / "best.pt"
-        if name in STARTS_FROM and STARTS_FROM[name] not in runs and not start.exists():
-            raise CaptionerError(f"{start}: demo run '{name}' starts from run '{STARTS_FROM[name]}', which is "
+    for name, base in STARTS_FROM.items():
+        start = out / base / "best.pt"
+        if name in runs and base not in runs and not start.exists():
+            raise CaptionerError(f"{start}: demo run '{name}' starts from run '{base}', which is "
                                  f"neither among --runs nor trained before")
     out.mkdir(parents=True, exist_ok=True)
     data_info = ensure_shapes(data_dir, num_images=150 if fast else 3000)

@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 
 import yaml
+
 from captioner.cli import main
 from captioner.demo import DEMO_RUNS
 
