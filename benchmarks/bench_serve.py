@@ -4,14 +4,18 @@ A live server (``python -m captioner serve CKPT --port 0``, its own process, on 
 concurrent clients (1, 4, 16: asyncio + httpx in this process) sending shapes images; each setting sends a
 bounded number of requests (``--requests``) and stops early at ``--time-limit`` seconds. Per setting:
 images/s, p50/p95/p99 latency, failed requests and the mean batch the server decoded; dynamic batching on
-(``--max-batch 16 --max-wait-ms 10``) against off (``--max-batch 1``, one image at a time). Then, batching
-on, the server's resident memory before and after ``--memory-requests`` more requests from 16 clients.
+(``--max-batch 16 --max-wait-ms 10``) against off (``--max-batch 1``, one image at a time): both servers run
+at once and each setting is measured in ``--rounds`` rounds, on and off in turn (the row shown is the median
+round; the speedup at 16 clients is the median of the rounds' ratios). Then, batching on, the server's
+resident memory before and after ``--memory-requests`` more requests from 16 clients.
 
-The checkpoint: ``--checkpoint PATH`` (e.g. runs/demo/soft/best.pt after ``make demo``), or by default the
-demo's soft-attention model (configs/demo_soft.yaml: MobileNetV2 at 128 px, 8x8 regions, LSTM 256, beam 3)
-with random weights: it rarely ends a caption, so each one runs the full 24 words, the worst case.
+The checkpoint: ``--checkpoint PATH``; by default the demo's trained soft-attention model
+(``runs/demo/soft/best.pt`` after ``make demo``: MobileNetV2 at 128 px, 8x8 regions, LSTM 256, beam 3), which
+writes the captions users get; without it, that model with random weights, whose captions end at once, so
+that the figures are those of the server's own overhead rather than of decoding.
 
     python benchmarks/bench_serve.py [--quick] [--threads N] [--device auto] [--checkpoint CKPT] [--requests N]
+                                     [--rounds N]
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import os
 import platform
 import queue
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -42,6 +47,7 @@ from captioner.data.vocabulary import Vocabulary
 from captioner.models.captioner import build_model
 
 ROOT = Path(__file__).resolve().parent.parent
+DEMO_SOFT = ROOT / "runs" / "demo" / "soft" / "best.pt"
 CLIENTS = (1, 4, 16)
 BATCHING = {"on": ["--max-batch", "16", "--max-wait-ms", "10"], "off": ["--max-batch", "1"]}
 
@@ -121,45 +127,73 @@ async def load(url: str, images: list[bytes], clients: int, requests: int, time_
 
 
 def measure(args, checkpoint: Path, images: list[bytes]) -> dict:
-    results: dict = {"settings": []}
-    for batching, options in BATCHING.items():
-        with live_server(checkpoint, options, args.threads, args.device) as (url, pid):
+    """Both servers (batching on and off) up at once; for each number of clients, ``args.rounds`` rounds of one
+    setting after the other, so that the machine's drift hits both alike; the memory run last."""
+    results: dict = {"settings": [], "rounds": args.rounds}
+    with (live_server(checkpoint, BATCHING["on"], args.threads, args.device) as (url_on, pid_on),
+          live_server(checkpoint, BATCHING["off"], args.threads, args.device) as (url_off, _)):
+        urls = {"on": url_on, "off": url_off}
+        for url in urls.values():
             asyncio.run(load(url, images, 4, 16, args.time_limit))                      # warm-up
-            for clients in CLIENTS:
-                print(f"batching {batching}, {clients} clients ...", file=sys.stderr)
-                row = asyncio.run(load(url, images, clients, args.requests, args.time_limit))
-                results["settings"].append({"batching": batching, "server_options": " ".join(options), **row})
-            if batching == "on":
-                before = rss_mb(pid)
-                print(f"memory: {args.memory_requests} requests ...", file=sys.stderr)
-                row = asyncio.run(load(url, images, 16, args.memory_requests, 10 * args.time_limit))
-                after = rss_mb(pid)
-                results["memory"] = {"requests": row["requests"], "failed": row["failed"], "rss_mb_before": round(before, 1),
-                                     "rss_mb_after": round(after, 1), "growth_mb": round(after - before, 1)}
-    on, off = ({r["clients"]: r for r in results["settings"] if r["batching"] == b} for b in ("on", "off"))
-    results["at_16_clients"] = {"speedup": round(on[16]["images_per_s"] / off[16]["images_per_s"], 2),
-                                "p95_ms_on": on[16]["latency_ms"]["p95"], "p95_ms_off": off[16]["latency_ms"]["p95"]}
+        for clients in CLIENTS:
+            rows: dict[str, list[dict]] = {"on": [], "off": []}
+            for _ in range(args.rounds):
+                for batching, url in urls.items():
+                    print(f"batching {batching}, {clients} clients ...", file=sys.stderr)
+                    rows[batching].append(asyncio.run(load(url, images, clients, args.requests, args.time_limit)))
+            for batching, runs in rows.items():
+                results["settings"].append({"batching": batching, "server_options": " ".join(BATCHING[batching]),
+                                            **median_row(runs)})
+            if clients == CLIENTS[-1]:
+                results["at_16_clients"] = {
+                    "speedup": round(statistics.median(a["images_per_s"] / b["images_per_s"]
+                                                       for a, b in zip(rows["on"], rows["off"])), 2),
+                    "speedup_per_round": [round(a["images_per_s"] / b["images_per_s"], 2)
+                                          for a, b in zip(rows["on"], rows["off"])],
+                    "p95_ms_on": [r["latency_ms"]["p95"] for r in rows["on"]],
+                    "p95_ms_off": [r["latency_ms"]["p95"] for r in rows["off"]]}
+        before = rss_mb(pid_on)
+        print(f"memory: {args.memory_requests} requests ...", file=sys.stderr)
+        row = asyncio.run(load(url_on, images, 16, args.memory_requests, 10 * args.time_limit))
+        after = rss_mb(pid_on)
+        results["memory"] = {"requests": row["requests"], "failed": row["failed"], "rss_mb_before": round(before, 1),
+                             "rss_mb_after": round(after, 1), "growth_mb": round(after - before, 1)}
     return results
+
+
+def median_row(runs: list[dict]) -> dict:
+    """The round with the median images/s, with the failures of all rounds."""
+    middle = sorted(runs, key=lambda r: r["images_per_s"])[len(runs) // 2]
+    return {**middle, "failed": sum(r["failed"] for r in runs), "rounds_images_per_s": [r["images_per_s"] for r in runs]}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser)
-    parser.add_argument("--checkpoint", help="checkpoint to serve (default: the demo's soft model, random weights)")
+    parser.add_argument("--checkpoint", help=f"checkpoint to serve (default: {DEMO_SOFT.relative_to(ROOT)} when there, "
+                                             "else that model with random weights)")
     parser.add_argument("--requests", type=int, default=None, help="requests per setting (default 200; --quick 48)")
     parser.add_argument("--memory-requests", type=int, default=None,
                         help="requests between the two memory readings (default 1000; --quick 200)")
+    parser.add_argument("--rounds", type=int, default=None, help="rounds of each setting, on and off in turn "
+                                                               "(default 3; --quick 1)")
     parser.add_argument("--time-limit", type=float, default=120.0, help="seconds per setting at most")
     args = parser.parse_args()
     args.requests = args.requests or (48 if args.quick else 200)
+    args.rounds = args.rounds or (1 if args.quick else 3)
     args.memory_requests = args.memory_requests or (200 if args.quick else 1000)
     with tempfile.TemporaryDirectory() as folder:
         shapes = Path(folder) / "shapes"
         generate_shapes(shapes, seed=0, num_images=40)
         images = [path.read_bytes() for path in sorted((shapes / "images").rglob("*.png"))]
-        checkpoint = Path(args.checkpoint) if args.checkpoint else random_demo_checkpoint(Path(folder), shapes)
+        if args.checkpoint or DEMO_SOFT.exists():
+            checkpoint = Path(args.checkpoint or DEMO_SOFT)
+            served = str(checkpoint)
+        else:
+            checkpoint = random_demo_checkpoint(Path(folder), shapes)
+            served = "configs/demo_soft.yaml, random weights"
         results = measure(args, checkpoint, images)
-    print(json.dumps({"checkpoint": args.checkpoint or "configs/demo_soft.yaml, random weights",
+    print(json.dumps({"checkpoint": served,
                       "server_threads": args.threads, "device": args.device, "cpu_count": os.cpu_count(),
                       "machine": platform.processor() or platform.machine(), **results}, indent=2))
     return 0

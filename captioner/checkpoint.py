@@ -68,7 +68,8 @@ def model_and_loss_states(payload: dict) -> tuple[dict, dict]:
 
 def load_model(path: str | Path, device: str | torch.device = "cpu", overrides: Sequence[str] = ()
                ) -> tuple[Captioner, Vocabulary, dict, dict]:
-    """``(model, vocab, config, payload)`` from a checkpoint, the model in eval mode on ``device``.
+    """``(model, vocab, config, payload)`` from a checkpoint, the model in eval mode on ``device``, for decoding
+    (its encoder prepared for inference: :meth:`~captioner.models.encoder.Encoder.prepare_for_inference`).
 
     ``config`` is the checkpoint's, completed with today's defaults, with ``overrides`` (``section.key=value``)
     applied and checked like any command's: decoding and data settings change freely; a model or encoder
@@ -92,6 +93,7 @@ def load_model(path: str | Path, device: str | torch.device = "cpu", overrides: 
     except RuntimeError as err:
         detail = str(err).splitlines()[0]
         raise CaptionerError(f"{path}: weights do not fit the architecture its config describes ({detail})") from None
+    model.encoder.prepare_for_inference()
     return model.to(device).eval(), vocab, config, payload
 
 

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Soft attention on the Flickr8k development subset (../shared/data/flickr8k-800: 700 train, 100 val images)
 # with the paper's VGG-19 encoder, end to end: cache features, train, evaluate on val, caption and draw
-# one photo. Usage: scripts/flickr8k_dev.sh [EPOCHS] (default 12, the recipe's budget: about 10 minutes on
-# 2 cores). Never commit what it writes (runs/): the photos and captions are for research use only.
+# one photo. Usage: scripts/flickr8k_dev.sh [EPOCHS] (default: the config's 16, the recipe's budget: about 10
+# minutes on 2 cores). Never commit what it writes (runs/): the photos and captions are for research use only.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-epochs="${1:-12}"
+epochs="${1:-16}"
 captioner=.venv/bin/captioner
 config=configs/flickr8k_soft.yaml
 $captioner cache-features "$config" --splits train val

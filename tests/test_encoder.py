@@ -74,6 +74,25 @@ def test_frozen_encoder_has_no_gradients_and_keeps_batchnorm_statistics():
     assert all(torch.equal(before[k], v) for k, v in encoder.state_dict().items())
 
 
+@pytest.mark.parametrize("name", ["mobilenet_v2", "efficientnet_lite0", "resnet101"])
+def test_inference_preparation_folds_batchnorms_and_keeps_the_features(name):
+    encoder = random_encoder(name, image_size=96, fine_tune_blocks=1).eval()
+    for module in encoder.modules():                   # BatchNorm statistics far from the identity
+        if isinstance(module, torch.nn.BatchNorm2d):
+            module.running_mean.uniform_(-0.5, 0.5)
+            module.running_var.uniform_(0.5, 2.0)
+    images = torch.rand(3, 3, 96, 96, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = encoder(images)
+        norms = sum(type(m) is torch.nn.BatchNorm2d for m in encoder.modules())
+        prepared = encoder.prepare_for_inference()
+        for got, want in ((prepared(images), expected), (prepared(images[1:2]), expected[1:2])):
+            assert float((got - want).norm() / want.norm()) < 1e-5      # float rounding (random ResNets reach 1e4)
+    left = sum(type(m) is torch.nn.BatchNorm2d for m in prepared.modules())
+    assert left < norms if name != "efficientnet_lite0" else left == norms   # timm's BatchNormAct2d: left alone
+    assert not any(p.requires_grad for p in prepared.parameters())
+
+
 @pytest.mark.parametrize("name", ENCODERS)
 def test_fine_tuning_the_last_block_trains_only_that_block(name):
     encoder = random_encoder(name, image_size=64, fine_tune_blocks=1).train()

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from captioner.decoding.search import TokenRules, beam_search, greedy
-from captioner.models.attention import SCORES, RegionAttention
+from captioner.models.attention import SCORES, RegionAttention, tanh_
 from captioner.models.lstm_decoder import LSTMDecoder, LSTMDecoderConfig
 from captioner.models.positions import grid_code
 from captioner.models.transformer_decoder import (
@@ -49,6 +49,18 @@ def test_additive_score_matches_formula():
     regions, query = torch.randn(2, 3, 6), torch.randn(2, 5)
     expected = attention.energy(torch.tanh(attention.region_proj(regions) + attention.query_proj(query)[:, None]))[..., 0]
     torch.testing.assert_close(attention(attention.project_regions(regions), query, 3), expected.softmax(-1))
+
+
+def test_the_cpu_tanh_is_tanh_in_value_and_gradient_and_in_place_without_gradients():
+    x = torch.linspace(-12, 12, 100_001, dtype=torch.float64).float()
+    torch.testing.assert_close(tanh_(x.clone()), torch.tanh(x.double()).float(), rtol=0, atol=3e-7)
+    fresh = x.clone()
+    assert tanh_(fresh) is fresh                                     # no gradient: in place
+    leaf = x.clone().requires_grad_()
+    out = tanh_(leaf * 1.0)
+    grad = torch.randn_like(x)
+    out.backward(grad)
+    torch.testing.assert_close(leaf.grad, grad * (1 - torch.tanh(x) ** 2), rtol=0, atol=3e-6)   # |grad| < 5
 
 
 def test_position_code_distinct_per_cell():
@@ -211,6 +223,47 @@ def test_batched_beam_equals_one_at_a_time():
         assert alone.attention["alpha"].shape == (len(alone.tokens), 12)
 
 
+class EndsWhenDue:
+    """A decoder that avoids <end> until a step set by each image's regions (a fixed state, ``due``) and wants it
+    after, so that the images of a batch finish their searches at different steps."""
+
+    def __init__(self, decoder):
+        self.decoder, self.fixed_state = decoder, (*decoder.fixed_state, "due")
+
+    def init_state(self, regions):
+        due = (regions[:, :, 0].abs().sum(1, keepdim=True) * 3).floor() % 9 + 2            # (B, 1): 2 to 10
+        return {**self.decoder.init_state(regions), "due": due, "t": regions.new_zeros(regions.shape[0], 1)}
+
+    def step(self, tokens, state):
+        log_probs, inner, attention = self.decoder.step(tokens, {k: v for k, v in state.items() if k not in ("due", "t")})
+        due = state["due"].repeat_interleave(tokens.shape[0] // state["due"].shape[0], 0)
+        t = state["t"] + 1
+        bonus = torch.zeros_like(log_probs)
+        bonus[:, END] = 10 * (t - due).clamp(-1, 1).squeeze(1)
+        return torch.log_softmax(log_probs + bonus, dim=1), {**inner, "due": state["due"], "t": t}, attention
+
+
+def test_images_leave_the_beam_search_when_done_and_get_the_answers_of_a_search_alone():
+    paced = EndsWhenDue(make_decoder().eval())
+    features = torch.randn(6, 12, 16, generator=torch.Generator().manual_seed(3))
+    rows = []
+
+    def step(tokens, state):
+        rows.append(tokens.shape[0])
+        assert state["due"].shape[0] * 3 == tokens.shape[0]     # the fixed state shrinks with the images
+        return paced.step(tokens, state)
+
+    counted = SimpleNamespace(init_state=paced.init_state, step=step, fixed_state=paced.fixed_state)
+    together = beam_search(counted, features, beam_size=3, max_length=14, rules=RULES, n_best=3)
+    assert len({len(g.tokens) for g in together}) > 2            # the images finish at different steps
+    assert rows[0] == 18 and rows == sorted(rows, reverse=True) and len(set(rows)) > 2   # and leave as they do
+    for i, generation in enumerate(together):
+        (alone,) = beam_search(paced, features[i : i + 1], beam_size=3, max_length=14, rules=RULES, n_best=3)
+        assert [b.tokens for b in alone.beams] == [b.tokens for b in generation.beams]
+        assert [b.log_prob for b in alone.beams] == pytest.approx([b.log_prob for b in generation.beams], abs=1e-5)
+        torch.testing.assert_close(alone.attention["alpha"], generation.attention["alpha"])
+
+
 @pytest.mark.parametrize("kind", ["soft", "hard", "transformer"])
 def test_beam_search_keeps_one_fixed_state_per_image_and_matches_one_per_hypothesis(kind):
     if kind == "transformer":
@@ -224,16 +277,18 @@ def test_beam_search_keeps_one_fixed_state_per_image_and_matches_one_per_hypothe
     fixed_addresses = []
 
     def step(tokens, state):
-        fixed_addresses.append({name: state[name].data_ptr() for name in decoder.fixed_state if name in state})
-        assert all(state[name].shape[0] == 4 for name in decoder.fixed_state if name in state)   # one row per image
-        return decoder.step(tokens, state)
+        fixed_addresses.append((tokens.shape[0], {name: state[name].data_ptr() for name in decoder.fixed_state
+                                                  if name in state}))
+        assert all(state[name].shape[0] * 3 == tokens.shape[0] for name in decoder.fixed_state if name in state)
+        return decoder.step(tokens, state)                                                   # one row per image
 
     features = torch.randn(4, 12, 16)
     watched = SimpleNamespace(init_state=decoder.init_state, step=step, fixed_state=decoder.fixed_state)
     reorders_all = SimpleNamespace(init_state=decoder.init_state, step=decoder.step)   # no fixed_state
     kept = beam_search(watched, features, beam_size=3, max_length=10, rules=RULES)
     reordered = beam_search(reorders_all, features, beam_size=3, max_length=10, rules=RULES)
-    assert len(fixed_addresses) > 2 and all(a == fixed_addresses[0] for a in fixed_addresses)
+    assert len(fixed_addresses) > 2       # never copied, except when finished images leave the search
+    assert all(a == b for (rows_a, a), (rows_b, b) in zip(fixed_addresses, fixed_addresses[1:]) if rows_a == rows_b)
     for a, b in zip(kept, reordered):   # one row of regions per image, or one per hypothesis: the same search
         assert a.tokens == b.tokens and a.log_prob == pytest.approx(b.log_prob, abs=1e-5)
         for name in a.attention:

@@ -7,12 +7,12 @@ import tomllib
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
-CONDA_TO_PIP = {"pytorch": "torch"}
+CONDA_TO_PIP = {"pytorch": "torch", "uvicorn-standard": "uvicorn[standard]"}   # conda-forge names
 CONDA_ONLY = {"python", "pip", "pytorch-gpu", "openjdk"}
 
 
 def split_requirement(text: str) -> tuple[str, str]:
-    name, spec = re.match(r"^([A-Za-z0-9_.\-]+)\s*(.*)$", text.strip()).groups()
+    name, spec = re.match(r"^([A-Za-z0-9_.\-]+(?:\[[a-z,]+\])?)\s*(.*)$", text.strip()).groups()   # extras: part of the name
     return name.lower().replace("_", "-"), spec.replace(" ", "")
 
 

@@ -273,8 +273,9 @@ def beam_search(decoder, regions: torch.Tensor, *, beam_size: int, max_length: i
     """Batched beam search over all images at once: ``regions`` (B, L, D) -> B generations.
 
     The B * k hypotheses advance together in one ``step`` call per word. A hypothesis that emitted ``<end>`` is
-    finished: it keeps its score and competes with the live ones until the search stops (all hypotheses of
-    every image finished, or ``max_length`` words). Each image's answer is its best hypothesis by
+    finished: it keeps its score and competes with the live ones until all k hypotheses of its image have
+    finished, or ``max_length`` words. An image whose hypotheses have all finished leaves the batch (its answer
+    is final), so that the steps left run on the other images alone. Each image's answer is its best hypothesis by
     ``log_prob / length**length_penalty``; with ``n_best > 1`` its ``beams`` hold the n best. With ``beam_size=1``
     this is greedy decoding.
 
@@ -294,15 +295,17 @@ def beam_search(decoder, regions: torch.Tensor, *, beam_size: int, max_length: i
     lengths = torch.zeros(batch * k, dtype=torch.long, device=device)
     words = torch.empty(batch * k, 0, dtype=torch.long, device=device)
     history: dict[str, torch.Tensor] = {}
-    base = (torch.arange(batch, device=device) * k).unsqueeze(1)   # (B, 1) offset of each image's beams
+    images = torch.arange(batch, device=device)                    # the searched images, in their rows' order
+    out: list[Generation | None] = [None] * batch
     for _ in range(max_length):
+        base = (torch.arange(images.shape[0], device=device) * k).unsqueeze(1)   # (B', 1) each image's first row
         log_probs, state, attention = decoder.step(tokens, state)
         log_probs = rules.apply(log_probs, words)
         # A finished hypothesis may only be extended by <end> at no cost, so it carries its score along.
         frozen = torch.full_like(log_probs, NEG_INF)
         frozen[:, rules.end_index] = 0.0
         log_probs = torch.where(finished[:, None], frozen, log_probs)
-        scores, origin, tokens = _choose(scores, log_probs, finished.view(batch, k), groups, diversity)
+        scores, origin, tokens = _choose(scores, log_probs, finished.view(-1, k), groups, diversity)
         origin = (base + origin).view(-1)                          # rows of the hypotheses extended
         tokens = tokens.view(-1)
         lengths = lengths.index_select(0, origin) + (~finished.index_select(0, origin)).long()
@@ -310,19 +313,39 @@ def beam_search(decoder, regions: torch.Tensor, *, beam_size: int, max_length: i
         words = torch.cat([words.index_select(0, origin), tokens[:, None]], dim=1)
         state = select_state(state, origin, keep=fixed)
         for name, value in attention.items():
-            past = history[name].index_select(0, origin) if name in history else value.new_empty(batch * k, 0, value.shape[1])
+            past = history[name].index_select(0, origin) if name in history else value.new_empty(origin.shape[0], 0, value.shape[1])
             history[name] = torch.cat([past, value.index_select(0, origin).unsqueeze(1)], dim=1)
-        if finished.all():
+        done = finished.view(-1, k).all(dim=1)                     # images whose k hypotheses all ended
+        if done.all():
             break
-    ranking = scores.view(-1) / lengths.clamp(min=1).float() ** length_penalty if length_penalty else scores.view(-1)
-    order = ranking.view(batch, k).argsort(dim=1, descending=True, stable=True)[:, :n_best] + base   # (B, n)
-    flat = scores.view(-1)
-    out = []
-    for image in range(batch):
-        beams = [_generation(words[row].tolist(), float(flat[row]), history, row, rules.end_index)
-                 for row in order[image].tolist()]
-        out.append(Generation(beams[0].tokens, beams[0].log_prob, beams[0].attention, beams if n_best > 1 else []))
+        if done.any():
+            # Those images' answers are final: they leave the batch, and the steps left run on the others alone.
+            gone = done.repeat_interleave(k)
+            _keep_best(out, images[done], scores[done], lengths[gone], words[gone],
+                       {name: value[gone] for name, value in history.items()}, rules.end_index, length_penalty, n_best)
+            kept, rows = (~done).nonzero().squeeze(1), (~gone).nonzero().squeeze(1)
+            images, scores = images[kept], scores[kept]
+            tokens, finished, lengths, words = (t.index_select(0, rows) for t in (tokens, finished, lengths, words))
+            history = {name: value.index_select(0, rows) for name, value in history.items()}
+            state = {name: value.index_select(0, kept if name in fixed else rows) for name, value in state.items()}
+    _keep_best(out, images, scores, lengths, words, history, rules.end_index, length_penalty, n_best)
     return out
+
+
+def _keep_best(out: list, images: torch.Tensor, scores: torch.Tensor, lengths: torch.Tensor, words: torch.Tensor,
+               history: dict[str, torch.Tensor], end_index: int, length_penalty: float, n_best: int) -> None:
+    """Write into ``out[image]`` the answer of each of ``images`` (B') from its k hypotheses: ``scores`` (B', k),
+    ``lengths`` (B' * k,), ``words`` (B' * k, t), ``history`` name -> (B' * k, t, L). The answer is the best
+    hypothesis by ``log_prob / length**length_penalty``, with the ``n_best`` best in ``beams`` when n_best > 1."""
+    count, k = scores.shape
+    ranking = scores.view(-1) / lengths.clamp(min=1).float() ** length_penalty if length_penalty else scores.view(-1)
+    base = (torch.arange(count, device=scores.device) * k).unsqueeze(1)
+    order = ranking.view(count, k).argsort(dim=1, descending=True, stable=True)[:, :n_best] + base   # (B', n)
+    flat = scores.view(-1)
+    for position, image in enumerate(images.tolist()):
+        beams = [_generation(words[row].tolist(), float(flat[row]), history, row, end_index)
+                 for row in order[position].tolist()]
+        out[image] = Generation(beams[0].tokens, beams[0].log_prob, beams[0].attention, beams if n_best > 1 else [])
 
 
 def _choose(scores: torch.Tensor, log_probs: torch.Tensor, finished: torch.Tensor, groups: int, diversity: float

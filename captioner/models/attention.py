@@ -24,8 +24,37 @@ import torch
 from torch import nn
 
 SCORES = ("additive", "dot", "scaled_dot", "general", "none")
+
+
+class _SigmoidTanh(torch.autograd.Function):
+    """``tanh(x) = 2 sigmoid(2x) - 1`` with tanh's own backward (``grad * (1 - y^2)``, from the output alone)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        y = torch.sigmoid(x * 2).mul_(2).sub_(1)
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        (y,) = ctx.saved_tensors
+        return torch.ops.aten.tanh_backward(grad, y)
+
+
+def tanh_(x: torch.Tensor) -> torch.Tensor:
+    """``tanh(x)``, in place on ``x`` when no gradient flows. On a CPU as ``2 sigmoid(2x) - 1``, the same function
+    to float rounding (2e-7): torch's CPU tanh, exact to 1 ulp, costs about ten times its sigmoid, and the
+    additive score's ``(B, k, L, A)`` tensor is the largest of every training and decoding step (forward and
+    backward of the activation: ~3x faster)."""
+    if x.device.type != "cpu":
+        return torch.tanh_(x)
+    if x.requires_grad and torch.is_grad_enabled():
+        return _SigmoidTanh.apply(x)
+    return x.mul_(2).sigmoid_().mul_(2).sub_(1)
+
+
 # in place on the fresh sum: one pass less over the (B, k, L, A) tensor, the largest of a decoding step
-ACTIVATIONS = {"tanh": torch.tanh_, "relu": torch.relu_}
+ACTIVATIONS = {"tanh": tanh_, "relu": torch.relu_}
 
 
 class RegionAttention(nn.Module):

@@ -13,7 +13,8 @@ A decoder is an ``nn.Module`` with
 * ``fixed_state``: the names of state entries that depend on the image alone (the regions and their
   projections). A search keeps them at one row per image while the other entries hold N = B * k rows (k
   beams or samples per image, each image's rows adjacent): ``step`` broadcasts each image's fixed state over
-  its k rows (k = N / B), so nothing image-sized is ever repeated or reordered;
+  its k rows (k = N / B), so nothing image-sized is ever repeated or reordered (a beam search only drops the
+  rows of images whose search has ended);
 * ``objective``: which training loss fits it: ``"likelihood"`` (cross-entropy, plus the attention
   regulariser) or ``"hard_attention"`` (the variational bound trained by REINFORCE,
   :class:`captioner.training.losses.HardAttentionLoss`).

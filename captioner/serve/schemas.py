@@ -116,7 +116,7 @@ def _cell(one_hot: list[list[float]]) -> list[int] | None:
 
 def caption_response(name: str, beams: list[Generation], vocab: Vocabulary, grid: tuple[int, int],
                      size: tuple[int, int], timing: Timing) -> dict:
-    """The JSON of a :class:`CaptionResponse` (FastAPI checks it against the model once): ``beams`` (best
+    """The JSON of a :class:`CaptionResponse` (the API tests check it against the model): ``beams`` (best
     first) of an image of ``size`` (width, height)."""
     shown = [beam_json(generation, vocab, grid) for generation in beams]
     return {**shown[0], "checkpoint": name, "grid": list(grid), "image": {"width": size[0], "height": size[1]},
