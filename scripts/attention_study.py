@@ -46,6 +46,11 @@ FEATURES = ROOT / "runs" / "features"
 BEFORE = ["loss.doubly_stochastic=1.0", "loss.doubly_stochastic_scale=caption", "model.lstm.region_norm=none",
           "train.amp=false"]
 
+def ln_word(weight: float, *more: str) -> list[str]:
+    """LayerNorm over the regions and the doubly stochastic term per word with lambda ``weight``, then ``more``."""
+    return ["loss.doubly_stochastic_scale=word", f"loss.doubly_stochastic={weight}", "model.lstm.region_norm=layer", *more]
+
+
 # name -> (what it changes, overrides on the recipe before the study)
 VARIANTS: dict[str, tuple[str, list[str]]] = {
     "baseline": ("the recipe before the study: lambda 1 per caption, tanh score, raw regions", []),
@@ -76,24 +81,16 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
     "ln_relu_lambda0_sharp": ("LayerNorm + ReLU + no term + learned sharpness",
                               ["loss.doubly_stochastic=0", "model.lstm.region_norm=layer",
                                "model.lstm.score_activation=relu", "model.lstm.learned_sharpness=true"]),
-    "ln_word_0.2": ("LayerNorm + lambda 0.2 per word", ["loss.doubly_stochastic_scale=word", "loss.doubly_stochastic=0.2",
-                                                       "model.lstm.region_norm=layer"]),
-    "ln_word_0.05": ("LayerNorm + lambda 0.05 per word", ["loss.doubly_stochastic_scale=word", "loss.doubly_stochastic=0.05",
-                                                         "model.lstm.region_norm=layer"]),
+    "ln_word_0.2": ("LayerNorm + lambda 0.2 per word", ln_word(0.2)),
+    "ln_word_0.05": ("LayerNorm + lambda 0.05 per word", ln_word(0.05)),
     "ln_word_0.05_sharp": ("LayerNorm + lambda 0.05 per word + learned sharpness",
-                           ["loss.doubly_stochastic_scale=word", "loss.doubly_stochastic=0.05",
-                            "model.lstm.region_norm=layer", "model.lstm.learned_sharpness=true"]),
-    "ln_word_0.05_relu": ("LayerNorm + lambda 0.05 per word + ReLU", ["loss.doubly_stochastic_scale=word",
-                          "loss.doubly_stochastic=0.05", "model.lstm.region_norm=layer", "model.lstm.score_activation=relu"]),
+                           ln_word(0.05, "model.lstm.learned_sharpness=true")),
+    "ln_word_0.05_relu": ("LayerNorm + lambda 0.05 per word + ReLU", ln_word(0.05, "model.lstm.score_activation=relu")),
     "ln_word_0.05_bf16": ("LayerNorm + lambda 0.05 per word, bf16 autocast (more epochs in the budget)",
-                          ["loss.doubly_stochastic_scale=word", "loss.doubly_stochastic=0.05",
-                           "model.lstm.region_norm=layer", "train.amp=true"]),
-    "ln_word_0.02_bf16": ("LayerNorm + lambda 0.02 per word, bf16 autocast",
-                          ["loss.doubly_stochastic_scale=word", "loss.doubly_stochastic=0.02",
-                           "model.lstm.region_norm=layer", "train.amp=true"]),
+                          ln_word(0.05, "train.amp=true")),
+    "ln_word_0.02_bf16": ("LayerNorm + lambda 0.02 per word, bf16 autocast", ln_word(0.02, "train.amp=true")),
     "ln_word_0.02_bf16_cosine": ("LayerNorm + lambda 0.02 per word, bf16 autocast, cosine learning rate",
-                                 ["loss.doubly_stochastic_scale=word", "loss.doubly_stochastic=0.02",
-                                  "model.lstm.region_norm=layer", "train.amp=true", "train.lr_schedule=cosine"]),
+                                 ln_word(0.02, "train.amp=true", "train.lr_schedule=cosine")),
     "none_ln_bf16": ("no attention (mean of regions), LayerNorm, bf16: the ablation of the recipe",
                      ["model.lstm.attention=none", "loss.doubly_stochastic=0", "model.lstm.region_norm=layer",
                       "train.amp=true"]),

@@ -114,11 +114,15 @@ class TokenRules:
         return log_probs
 
 
-def select_state(state: dict[str, torch.Tensor], index: torch.Tensor,
-                 keep: frozenset[str] = frozenset()) -> dict[str, torch.Tensor]:
+def select_state(state: dict[str, torch.Tensor], index: torch.Tensor, keep: frozenset[str] = frozenset(),
+                 keep_index: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """Rows ``index`` of every state tensor (reorders or repeats hypotheses), except the entries named in
-    ``keep``, which are passed on as they are."""
-    return {name: value if name in keep else value.index_select(0, index) for name, value in state.items()}
+    ``keep``, which are passed on as they are, or reduced to their rows ``keep_index`` when it is given."""
+    def rows(name: str, value: torch.Tensor) -> torch.Tensor:
+        if name not in keep:
+            return value.index_select(0, index)
+        return value if keep_index is None else value.index_select(0, keep_index)
+    return {name: rows(name, value) for name, value in state.items()}
 
 
 def start_state(decoder, regions: torch.Tensor, per_image: int) -> tuple[dict[str, torch.Tensor], frozenset[str]]:
@@ -296,9 +300,9 @@ def beam_search(decoder, regions: torch.Tensor, *, beam_size: int, max_length: i
     words = torch.empty(batch * k, 0, dtype=torch.long, device=device)
     history: dict[str, torch.Tensor] = {}
     images = torch.arange(batch, device=device)                    # the searched images, in their rows' order
+    base = (images * k).unsqueeze(1)                               # (B', 1) each image's first row
     out: list[Generation | None] = [None] * batch
     for _ in range(max_length):
-        base = (torch.arange(images.shape[0], device=device) * k).unsqueeze(1)   # (B', 1) each image's first row
         log_probs, state, attention = decoder.step(tokens, state)
         log_probs = rules.apply(log_probs, words)
         # A finished hypothesis may only be extended by <end> at no cost, so it carries its score along.
@@ -324,10 +328,10 @@ def beam_search(decoder, regions: torch.Tensor, *, beam_size: int, max_length: i
             _keep_best(out, images[done], scores[done], lengths[gone], words[gone],
                        {name: value[gone] for name, value in history.items()}, rules.end_index, length_penalty, n_best)
             kept, rows = (~done).nonzero().squeeze(1), (~gone).nonzero().squeeze(1)
-            images, scores = images[kept], scores[kept]
+            images, scores, base = images[kept], scores[kept], base[:kept.shape[0]]
             tokens, finished, lengths, words = (t.index_select(0, rows) for t in (tokens, finished, lengths, words))
             history = {name: value.index_select(0, rows) for name, value in history.items()}
-            state = {name: value.index_select(0, kept if name in fixed else rows) for name, value in state.items()}
+            state = select_state(state, rows, keep=fixed, keep_index=kept)
     _keep_best(out, images, scores, lengths, words, history, rules.end_index, length_penalty, n_best)
     return out
 
