@@ -1,13 +1,14 @@
 """Serving throughput and latency of ``captioner serve`` under load, printed as JSON.
 
-A live server (``python -m captioner serve CKPT --port 0``, its own process, on 127.0.0.1 only) and N
+A live server (``python -m captioner serve CKPT --port 0``, its own process and its decoding process, on
+127.0.0.1 only) and N
 concurrent clients (1, 4, 16: asyncio + httpx in this process) sending shapes images; each setting sends a
 bounded number of requests (``--requests``) and stops early at ``--time-limit`` seconds. Per setting:
 images/s, p50/p95/p99 latency, failed requests and the mean batch the server decoded; dynamic batching on
 (``--max-batch 16 --max-wait-ms 10``) against off (``--max-batch 1``, one image at a time): both servers run
 at once and each setting is measured in ``--rounds`` rounds, on and off in turn (the row shown is the median
 round; the speedup at 16 clients is the median of the rounds' ratios). Then, batching on, the server's
-resident memory before and after ``--memory-requests`` more requests from 16 clients.
+resident memory (with its decoding process) before and after ``--memory-requests`` more requests from 16 clients.
 
 The checkpoint: ``--checkpoint PATH``; by default the demo's trained soft-attention model
 (``runs/demo/soft/best.pt`` after ``make demo``: MobileNetV2 at 128 px, 8x8 regions, LSTM 256, beam 3), which
@@ -86,9 +87,11 @@ def live_server(checkpoint: Path, options: list[str], threads: int, device: str)
 
 
 def rss_mb(pid: int) -> float:
+    """Resident memory of process ``pid`` and its children (the server's decoding process)."""
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
+            return int(line.split()[1]) / 1024 + sum(rss_mb(int(child)) for child in children)
     raise RuntimeError(f"no VmRSS for process {pid}")
 
 
@@ -133,8 +136,8 @@ def measure(args, checkpoint: Path, images: list[bytes]) -> dict:
     with (live_server(checkpoint, BATCHING["on"], args.threads, args.device) as (url_on, pid_on),
           live_server(checkpoint, BATCHING["off"], args.threads, args.device) as (url_off, _)):
         urls = {"on": url_on, "off": url_off}
-        for url in urls.values():
-            asyncio.run(load(url, images, 4, 16, args.time_limit))                      # warm-up
+        for url in urls.values():     # warm-up: every batch size the measured settings will decode
+            asyncio.run(load(url, images, CLIENTS[-1], 8 * CLIENTS[-1], args.time_limit))
         for clients in CLIENTS:
             rows: dict[str, list[dict]] = {"on": [], "off": []}
             for _ in range(args.rounds):

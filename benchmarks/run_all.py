@@ -3,7 +3,8 @@
 words/s, beam search with and without the key/value cache), how cost grows with batch, beam, T, L and B
 (with peak memory), feature caching images/s, private memory of cached-feature training as the
 cache grows, self-critical training images/s with the share of the step each part takes, and
-``captioner serve`` under 1, 4 and 16 concurrent clients with dynamic batching on and off. Each script also
+``captioner serve`` under 1, 4 and 16 concurrent clients with dynamic batching on and off, and decoding
+beside a busy Python thread against beside a busy process (why the server decodes in a process of its own). Each script also
 runs alone and prints its own JSON.
 
     python benchmarks/run_all.py [--quick] [--threads N] [--device auto] [--only NAME ...] [--out results.json]
@@ -22,7 +23,7 @@ HERE = Path(__file__).resolve().parent
 SCRIPTS = {"lstm_decoder": ("bench_decoder.py", False), "transformer_decoder": ("bench_transformer.py", True),
            "scaling": ("bench_scaling.py", True), "feature_cache": ("bench_feature_cache.py", True),
            "cache_memory": ("bench_cache_memory.py", False), "scst": ("bench_scst.py", True),
-           "serve": ("bench_serve.py", True)}
+           "serve": ("bench_serve.py", True), "decode_beside_python": ("bench_decode_beside_python.py", False)}
 
 
 def main() -> int:

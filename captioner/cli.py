@@ -153,7 +153,7 @@ def _cmd_serve(args) -> int:
 
     serve(args.checkpoints, host=args.host, port=args.port, device=args.device, overrides=args.overrides,
           beam=args.beam, max_pixels=args.max_pixels, max_batch=args.max_batch, max_wait_ms=args.max_wait_ms,
-          max_upload_mb=args.max_upload_mb)
+          max_upload_mb=args.max_upload_mb, decode_in=args.decode_in)
     return 0
 
 
@@ -298,6 +298,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-upload-mb", type=float, default=20.0, help="larger uploads are refused (413)")
     serve.add_argument("--max-pixels", type=int, default=None, help="refuse larger images before decoding them "
                        "(default: each checkpoint's data.max_pixels, 64 megapixels)")
+    serve.add_argument("--decode-in", choices=("process", "thread"), default="process",
+                       help="process (default): the models decode in a child process of their own, so that decoding "
+                            "never waits for the web server's Python; thread: in the server's own process")
     serve.set_defaults(func=_cmd_serve)
 
     demo = sub.add_parser("demo", help="the main job on the embedded shapes data: generate, train, evaluate, draw")

@@ -3,6 +3,10 @@ beam size), with the same captions as one at a time; never more than max_batch; 
 stay with their own jobs. Jobs are queued before the worker starts, so what it finds is known: no test
 depends on timing."""
 
+import concurrent.futures
+import contextlib
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -10,6 +14,7 @@ from captioner.data.images import load_image
 from captioner.errors import ImageError
 from captioner.serve.batching import DynamicBatcher
 from captioner.serve.checkpoints import load_served_models
+from captioner.serve.decoding_process import DecodingProcess, LoadSettings
 
 
 @pytest.fixture(scope="module")
@@ -75,11 +80,26 @@ def test_batches_hold_at_most_max_batch_jobs_in_arrival_order():
     assert [timing.batch_size for _, timing in results] == [2, 2, 2, 2, 1]
 
 
-def test_the_worker_waits_for_jobs_to_join_and_stops_waiting_at_max_batch():
-    with DynamicBatcher(lambda key, items: items, max_batch=3, max_wait_s=600) as batcher:  # started: it waits
-        futures = [batcher.submit_nowait("k", n) for n in range(3)]
+def test_the_worker_waits_for_announced_requests_and_stops_waiting_at_max_batch():
+    with DynamicBatcher(lambda key, items: items, max_batch=3, max_wait_s=600) as batcher, contextlib.ExitStack() as stack:
+        arrivals = [stack.enter_context(batcher.arrival()) for _ in range(4)]
+        futures = [arrival.submit_nowait("k", n) for n, arrival in enumerate(arrivals[:3])]
         results = [future.result(timeout=120) for future in futures]   # long before the 600 s
     assert [result for result, _ in results] == [0, 1, 2] and {timing.batch_size for _, timing in results} == {3}
+
+
+def test_a_lone_request_is_decoded_at_once_and_one_that_leaves_unsubmitted_stops_the_wait():
+    with DynamicBatcher(lambda key, items: items, max_batch=8, max_wait_s=600) as batcher:
+        assert batcher.submit_nowait("k", 1).result(timeout=120)[0] == 1   # nothing announced: no wait of 600 s
+        with batcher.arrival() as arrival:
+            with batcher.arrival():            # a second request on its way: the worker waits for it ...
+                future = arrival.submit_nowait("k", 2)
+                with pytest.raises(concurrent.futures.TimeoutError):
+                    future.result(timeout=0.5)
+            result, timing = future.result(timeout=120)   # ... until it leaves without a job (a refused upload)
+        with pytest.raises(RuntimeError, match="one job"):
+            arrival.submit_nowait("k", 3)
+    assert (result, timing.batch_size) == (2, 1)
 
 
 def test_a_failing_group_fails_its_own_jobs_only_and_the_worker_goes_on():
@@ -113,9 +133,29 @@ def test_cancelled_jobs_are_skipped_and_closing_cancels_what_is_left():
         late.submit_nowait("k", 2)
 
 
+def test_the_decoding_process_gives_the_captions_of_the_server_process(served, served_checkpoints, tensors):
+    """The models in a child process (captioner serve's default) decode every checkpoint's batches as the
+    models of the server's own process do; a failing batch fails alone and the child goes on."""
+    names = list(served_checkpoints)
+    with DecodingProcess(LoadSettings([str(served_checkpoints[name]) for name in names], "cpu")) as process:
+        for name, beam in [("soft", 3), ("hard", 2), ("transformer", 2)]:
+            assert_same_captions(process.caption((name, beam), tensors[name]), served[name].caption(tensors[name], beam))
+        with pytest.raises(RuntimeError, match="decoding failed in the decoding process: KeyError"):
+            process.caption(("nobody", 1), tensors["soft"])
+        assert_same_captions(process.caption(("wide", 1), tensors["wide"][:1]), served["wide"].caption(tensors["wide"][:1], 1))
+        assert process.alive
+        process._process.kill()
+        process._process.join()
+        with pytest.raises(RuntimeError, match="the decoding process ended"):
+            process.caption(("soft", 1), tensors["soft"])
+        assert not process.alive
+    with pytest.raises(RuntimeError, match="could not load the models: .*missing.pt"):
+        DecodingProcess(LoadSettings([str(Path(served_checkpoints["soft"]).parent / "missing.pt")], "cpu")).start()
+
+
 def test_read_refuses_bad_bytes_with_the_upload_name(served, tiny_coco):
     path = next((tiny_coco / "images" / "test").glob("*.png"))
     image, tensor = served["wide"].read(path.read_bytes(), "cat.png")
-    assert image.size == load_image(path).size and tensor.shape == (3, 32, 64)
+    assert image.size == load_image(path).size and tensor.shape == (3, 32, 64) and tensor.dtype == torch.uint8
     with pytest.raises(ImageError, match=r"^cat\.png: .*empty"):
         served["wide"].read(b"", "cat.png")

@@ -193,10 +193,15 @@ def _one_line(error: BaseException) -> str:
     return " ".join(str(error).split()) or type(error).__name__
 
 
-def image_transform(encoder) -> transforms.Compose:
-    """PIL image -> ``(3, H, W)`` float tensor in [0, 1] at the encoder's input size and interpolation."""
+TO_FLOAT = transforms.ToDtype(torch.float32, scale=True)
+"""uint8 pixels -> float in [0, 1]: the last step of :func:`image_transform`."""
+
+
+def image_transform(encoder, to_float: bool = True) -> transforms.Compose:
+    """PIL image -> ``(3, H, W)`` float tensor in [0, 1] at the encoder's input size and interpolation;
+    ``to_float=False``: the uint8 pixels before :data:`TO_FLOAT` (a quarter of the bytes, e.g. to send)."""
     return transforms.Compose([
         transforms.PILToTensor(),
         transforms.Resize(list(encoder.image_size), interpolation=encoder.interpolation, antialias=True),
-        transforms.ToDtype(torch.float32, scale=True),
+        *([TO_FLOAT] if to_float else []),
     ])

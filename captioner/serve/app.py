@@ -6,8 +6,9 @@ it; ``GET /api/models``; ``GET /api/overlay-operators`` the upsampling matrices 
 which the page draws its overlays; ``GET /health``.
 
 Uploads are read and checked in the request's thread (the checks of ``captioner caption``: empty, truncated,
-not an image, over the pixel limit from the header), then decoded by the one worker of a
-:class:`~captioner.serve.batching.DynamicBatcher`, which owns the models.
+not an image, over the pixel limit from the header), then decoded in batches by the one worker of a
+:class:`~captioner.serve.batching.DynamicBatcher`, which hands each batch to the models' own process
+(:mod:`~captioner.serve.decoding_process`) or decodes it itself.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
+import torch
 import uvicorn
 from fastapi import APIRouter, FastAPI, File, Form, Query, Request, UploadFile
 from fastapi.concurrency import run_in_threadpool
@@ -27,12 +29,14 @@ from fastapi.responses import FileResponse, Response
 from fastapi.staticfiles import StaticFiles
 from PIL import Image
 from pydantic_core import to_json
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from captioner.decoding.search import Generation
 from captioner.inference import draw_generation_figure
 from captioner.serve import schemas
-from captioner.serve.batching import DynamicBatcher, Timing
+from captioner.serve.batching import Arrival, DynamicBatcher, Timing
 from captioner.serve.checkpoints import ServedModel, load_served_models
+from captioner.serve.decoding_process import DecodingProcess, LoadSettings
 from captioner.serve.errors import ApiError, UploadLimit, install_error_handlers
 from captioner.utils import resolve_device
 from captioner.visualisation import attention_figure
@@ -59,12 +63,14 @@ class Decoded:
 
 
 def create_app(models: dict[str, ServedModel], *, max_batch: int = 16, max_wait_ms: float = 10.0,
-               max_upload_mb: float = 20.0) -> FastAPI:
+               max_upload_mb: float = 20.0, decoding: DecodingProcess | None = None) -> FastAPI:
     """The application serving ``models`` (the first is the default); its batcher runs while the app does
-    (ASGI lifespan: uvicorn, or ``with TestClient(app)``)."""
+    (ASGI lifespan: uvicorn, or ``with TestClient(app)``). ``decoding``: a started process holding the same
+    models, which decodes every batch (else the batcher's thread decodes with ``models`` themselves)."""
     if not models:
         raise ValueError("serve at least one checkpoint")
-    batcher = DynamicBatcher(_decode_group(models), max_batch=max_batch, max_wait_s=max_wait_ms / 1000)
+    handler = decoding.caption if decoding is not None else _decode_group(models)
+    batcher = DynamicBatcher(handler, max_batch=max_batch, max_wait_s=max_wait_ms / 1000)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -75,11 +81,33 @@ def create_app(models: dict[str, ServedModel], *, max_batch: int = 16, max_wait_
     app = FastAPI(title="captioner", summary="Caption images and see where the model looked, word by word.",
                   version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None)  # their pages load from a CDN
     app.state.models, app.state.batcher, app.state.max_upload_mb = models, batcher, max_upload_mb
+    app.state.decoding = decoding
     install_error_handlers(app)
     app.add_middleware(UploadLimit, max_bytes=int(max_upload_mb * 2**20))
+    app.add_middleware(AnnounceDecoding, batcher=batcher)
     app.include_router(router)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     return app
+
+
+ARRIVAL = "captioner.arrival"
+"""The ASGI scope key of a decoding request's :class:`~captioner.serve.batching.Arrival`."""
+DECODING_ROUTES = ("/api/caption", "/api/figure")
+
+
+class AnnounceDecoding:
+    """ASGI middleware announcing every request to a decoding route to the batcher as soon as its headers are
+    in (:meth:`DynamicBatcher.arrival`), before its upload is received and parsed, so that a worker collecting
+    a batch waits for the requests on their way and for no others."""
+
+    def __init__(self, app: ASGIApp, batcher: DynamicBatcher):
+        self.app, self.batcher = app, batcher
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] not in DECODING_ROUTES:
+            return await self.app(scope, receive, send)
+        with self.batcher.arrival() as arrival:
+            await self.app({**scope, ARRIVAL: arrival}, receive, send)
 
 
 def _decode_group(models: dict[str, ServedModel]):
@@ -99,7 +127,8 @@ async def _decode_upload(request: Request, upload: UploadFile, beam: int | None,
     data = await upload.read()
     name = " ".join((upload.filename or "upload").split())[:200]
     image, tensor = await run_in_threadpool(served.read, data, name)
-    beams, timing = await request.app.state.batcher.submit((served.name, beam or served.settings.beam), tensor)
+    arrival: Arrival = request.scope[ARRIVAL]
+    beams, timing = await arrival.submit((served.name, beam or served.settings.beam), tensor)
     return Decoded(served, image, beams, timing)
 
 
@@ -168,8 +197,10 @@ async def overlay_operators(grid_height: Side, grid_width: Side, height: Side, w
 
 @router.get("/health", response_model=schemas.Health)
 async def health(request: Request) -> dict:
-    """Whether the server is up, what it serves and how many requests wait for the decoder."""
-    return {"status": "ok", "models": list(request.app.state.models), "queued": request.app.state.batcher.queued}
+    """Whether the server is up and can decode, what it serves and how many requests wait for the decoder."""
+    decoding: DecodingProcess | None = request.app.state.decoding
+    status = "ok" if decoding is None or decoding.alive else "decoding process ended"
+    return {"status": status, "models": list(request.app.state.models), "queued": request.app.state.batcher.queued}
 
 
 @router.get("/", include_in_schema=False)
@@ -179,10 +210,20 @@ async def page() -> FileResponse:
 
 def serve(checkpoints: Sequence[str], *, host: str = "127.0.0.1", port: int = 8000, device: str = "auto",
           overrides: Sequence[str] = (), beam: int | None = None, max_pixels: int | None = None, max_batch: int = 16,
-          max_wait_ms: float = 10.0, max_upload_mb: float = 20.0) -> None:
-    """Load ``checkpoints`` once and serve them with uvicorn until interrupted (``captioner serve``)."""
-    models = load_served_models(checkpoints, resolve_device(device), overrides, beam=beam, max_pixels=max_pixels)
-    app = create_app(models, max_batch=max_batch, max_wait_ms=max_wait_ms, max_upload_mb=max_upload_mb)
-    where = f"at http://{host}:{port}/ (API schema: /openapi.json)" if port else "(uvicorn names the port below)"
-    print(f"captioner serve: {', '.join(models)} {where}", flush=True)
-    uvicorn.run(app, host=host, port=port, log_level="info")
+          max_wait_ms: float = 10.0, max_upload_mb: float = 20.0, decode_in: str = "process") -> None:
+    """Load ``checkpoints`` once and serve them with uvicorn until interrupted (``captioner serve``).
+    ``decode_in``: ``process``, the models decode in a child process (:mod:`~captioner.serve.decoding_process`),
+    this one keeping CPU copies to read uploads and describe them; ``thread``, in this process's batcher thread."""
+    if decode_in not in ("process", "thread"):
+        raise ValueError(f"decode_in: expected process or thread, got {decode_in!r}")
+    in_process = decode_in == "process"
+    models = load_served_models(checkpoints, torch.device("cpu") if in_process else resolve_device(device), overrides,
+                                beam=beam, max_pixels=max_pixels)
+    with contextlib.ExitStack() as stack:
+        decoding = stack.enter_context(DecodingProcess(LoadSettings(
+            list(map(str, checkpoints)), device, list(overrides), beam, max_pixels))) if in_process else None
+        app = create_app(models, max_batch=max_batch, max_wait_ms=max_wait_ms, max_upload_mb=max_upload_mb,
+                         decoding=decoding)
+        where = f"at http://{host}:{port}/ (API schema: /openapi.json)" if port else "(uvicorn names the port below)"
+        print(f"captioner serve: {', '.join(models)} {where}", flush=True)
+        uvicorn.run(app, host=host, port=port, log_level="info")

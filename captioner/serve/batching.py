@@ -1,10 +1,13 @@
 """Dynamic batching: requests that arrive together are decoded together.
 
-One worker thread owns the models. It takes the oldest queued job, then keeps taking jobs until it holds
+One worker thread runs the handler. It takes the oldest queued job, then keeps taking jobs until it holds
 ``max_batch`` of them or ``max_wait`` seconds have passed since that oldest job was submitted (so a job that
-already waited while the worker was busy adds no wait at all). The jobs it holds are grouped by their key
-(checkpoint and beam size: jobs of different keys are never decoded together) and each group is one call
-of ``handler(key, items)``, e.g. one batched beam search, which returns one result per item, in order.
+already waited while the worker was busy adds no wait at all), or until no job is queued and none is on its
+way: a request announces itself when it arrives (:meth:`DynamicBatcher.arrival`, before its upload is read),
+so a lone request is decoded at once instead of waiting ``max_wait`` for company that is not coming. The
+jobs it holds are grouped by their key (checkpoint and beam size: jobs of different keys are never decoded
+together) and each group is one call of ``handler(key, items)``, e.g. one batched beam search (in the
+server's decoding process), which returns one result per item, in order.
 Every job's future then gets its result and its :class:`Timing`.
 
 With ``max_batch=1`` this is plain one-at-a-time serving, the baseline of ``benchmarks/bench_serve.py``.
@@ -13,12 +16,13 @@ With ``max_batch=1`` this is plain one-at-a-time serving, the baseline of ``benc
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
+import contextlib
 import logging
-import queue
 import threading
 import time
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +38,25 @@ class Timing:
     queue_ms: float     # from submission to the start of its group's decoding
     decode_ms: float    # the group's decoding
     batch_size: int     # jobs decoded together in that group
+
+
+class Arrival:
+    """An announced request (:meth:`DynamicBatcher.arrival`), which submits at most one job."""
+
+    def __init__(self, batcher: DynamicBatcher):
+        self.batcher, self.submitted = batcher, False
+
+    def submit_nowait(self, key: Hashable, item: Any) -> concurrent.futures.Future:
+        """Queue the request's job; see :meth:`DynamicBatcher.submit_nowait`."""
+        if self.submitted:
+            raise RuntimeError("a request submits one job")
+        future = self.batcher.submit_nowait(key, item, arrived=True)
+        self.submitted = True
+        return future
+
+    async def submit(self, key: Hashable, item: Any) -> tuple[Any, Timing]:
+        """Queue the request's job and wait for ``(result, Timing)`` without blocking the event loop."""
+        return await asyncio.wrap_future(self.submit_nowait(key, item))
 
 
 @dataclass
@@ -53,14 +76,16 @@ class DynamicBatcher:
         if max_batch < 1 or max_wait_s < 0:
             raise ValueError(f"need max_batch >= 1 and max_wait_s >= 0, got {max_batch} and {max_wait_s}")
         self.handler, self.max_batch, self.max_wait_s = handler, max_batch, max_wait_s
-        self._queue: queue.Queue = queue.Queue()
+        self._queue: collections.deque = collections.deque()
+        self._arriving = 0      # requests announced (arrival) that have not submitted their job yet
+        self._changed = threading.Condition()
         self._worker = threading.Thread(target=self._run, name="captioner-batcher", daemon=True)
         self._closed = False
 
     @property
     def queued(self) -> int:
         """Jobs waiting for the worker (not counting the group it is decoding)."""
-        return self._queue.qsize()
+        return len(self._queue)
 
     def start(self) -> DynamicBatcher:
         self._worker.start()
@@ -69,11 +94,11 @@ class DynamicBatcher:
     def close(self) -> None:
         """Finish the jobs already taken, cancel the queued ones and stop the worker."""
         self._closed = True
-        self._queue.put(_STOP)
+        self._put(_STOP)
         if self._worker.is_alive():
             self._worker.join()
-        while not self._queue.empty():
-            job = self._queue.get_nowait()
+        while self._queue:
+            job = self._queue.popleft()
             if job is not _STOP:
                 job.future.cancel()
 
@@ -83,35 +108,65 @@ class DynamicBatcher:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def submit_nowait(self, key: Hashable, item: Any) -> concurrent.futures.Future:
-        """Queue one job; its future resolves to ``(result, Timing)`` or to the handler's exception."""
+    @contextlib.contextmanager
+    def arrival(self) -> Iterator[Arrival]:
+        """Announce a request that is going to submit a job (enter it before reading the request's upload):
+        while it is on its way, a worker collecting a batch waits for it (up to ``max_wait_s``). Submit through
+        the :class:`Arrival` yielded; a request that leaves without submitting (a refused upload) stops counting."""
+        arrival = Arrival(self)
+        with self._changed:
+            self._arriving += 1
+        try:
+            yield arrival
+        finally:
+            if not arrival.submitted:
+                self._arrived()
+
+    def submit_nowait(self, key: Hashable, item: Any, *, arrived: bool = False) -> concurrent.futures.Future:
+        """Queue one job; its future resolves to ``(result, Timing)`` or to the handler's exception. ``arrived``:
+        the job of an announced request (see :meth:`arrival`), which stops counting as on its way."""
         if self._closed:
             raise RuntimeError("the batcher is closed")
         future: concurrent.futures.Future = concurrent.futures.Future()
-        self._queue.put(_Job(key, item, time.perf_counter(), future))
+        self._put(_Job(key, item, time.perf_counter(), future), arrived=arrived)
         return future
 
-    async def submit(self, key: Hashable, item: Any) -> tuple[Any, Timing]:
-        """Queue one job and wait for ``(result, Timing)`` without blocking the event loop."""
-        return await asyncio.wrap_future(self.submit_nowait(key, item))
+    def _put(self, job: _Job | object, arrived: bool = False) -> None:
+        with self._changed:
+            self._queue.append(job)
+            self._arriving -= arrived
+            self._changed.notify()
+
+    def _arrived(self) -> None:
+        with self._changed:
+            self._arriving -= 1
+            self._changed.notify()
 
     def _run(self) -> None:
-        while (first := self._queue.get()) is not _STOP:
+        while True:
+            with self._changed:
+                self._changed.wait_for(lambda: self._queue)
+                first = self._queue.popleft()
+            if first is _STOP:
+                return
             self._decode(self._collect(first))
 
     def _collect(self, first: _Job) -> list[_Job]:
         """``first`` and the jobs queued after it, up to ``max_batch``, waiting until ``max_wait_s`` after ``first``
-        was submitted."""
+        was submitted while announced requests are still on their way."""
         jobs, deadline = [first], first.submitted + self.max_wait_s
-        while len(jobs) < self.max_batch:
-            try:
-                job = self._queue.get(timeout=max(0.0, deadline - time.perf_counter()))
-            except queue.Empty:
-                break
-            if job is _STOP:
-                self._queue.put(_STOP)      # decode what was collected, then stop
-                break
-            jobs.append(job)
+        with self._changed:
+            while len(jobs) < self.max_batch:
+                if not self._queue:
+                    left = deadline - time.perf_counter()
+                    if self._arriving <= 0 or left <= 0 or not self._changed.wait(left):
+                        break
+                    continue
+                job = self._queue.popleft()
+                if job is _STOP:
+                    self._queue.appendleft(_STOP)      # decode what was collected, then stop
+                    break
+                jobs.append(job)
         return jobs
 
     def _decode(self, jobs: list[_Job]) -> None:

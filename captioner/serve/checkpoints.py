@@ -12,7 +12,7 @@ import torch
 from PIL import Image
 
 from captioner.checkpoint import load_model
-from captioner.data.images import image_transform, load_image
+from captioner.data.images import TO_FLOAT, image_transform, load_image
 from captioner.data.vocabulary import Vocabulary
 from captioner.decoding.search import DecodeConfig, Generation, decode
 from captioner.models.captioner import Captioner
@@ -38,16 +38,17 @@ class ServedModel:
         return tuple(self.model.encoder.grid)
 
     def read(self, data: bytes, name: str) -> tuple[Image.Image, torch.Tensor]:
-        """The uploaded file ``data`` as an RGB image and as the encoder's input ``(3, H, W)``; raises
+        """The uploaded file ``data`` as an RGB image and as the encoder's input pixels, uint8 ``(3, H, W)``
+        (:meth:`caption` scales them to [0, 1], as :func:`~captioner.data.images.image_transform`); raises
         :class:`~captioner.errors.ImageError` (naming ``name``) with the checks of ``captioner caption``."""
         image = load_image(data, max_pixels=self.max_pixels, name=name)
         return image, self.transform(image)
 
     @torch.inference_mode()
     def caption(self, images: Sequence[torch.Tensor], beam: int) -> list[list[Generation]]:
-        """The ``beam`` best captions of each of ``images`` (each ``(3, H, W)``), best first, decoded as one
-        batched beam search (``beam=1``: greedy decoding, one caption each)."""
-        batch = torch.stack(list(images)).to(self.model.device)
+        """The ``beam`` best captions of each of ``images`` (each uint8 ``(3, H, W)`` from :meth:`read`), best
+        first, decoded as one batched beam search (``beam=1``: greedy decoding, one caption each)."""
+        batch = TO_FLOAT(torch.stack(list(images)).to(self.model.device))
         settings = dataclasses.replace(self.settings, beam=beam)
         return decode_n_best(self.model.decoder, self.model.regions(images=batch), self.vocab, settings)
 
@@ -87,7 +88,7 @@ def load_served_models(paths: Sequence[str | Path], device: torch.device, overri
         model, vocab, config, _ = load_model(path, device, overrides)
         name = _unique(Path(str(config["run"]["out"])).name or path.parent.name, served)
         served[name] = ServedModel(name, path, model, vocab, config, DecodeConfig.of(config, beam=beam),
-                                   max_pixels or config["data"]["max_pixels"], image_transform(model.encoder))
+                                   max_pixels or config["data"]["max_pixels"], image_transform(model.encoder, to_float=False))
     return served
 
 

@@ -24,7 +24,8 @@ class Beam(BaseModel):
     tokens: list[str] = Field(description="the T words of the caption")
     log_prob: float = Field(description="total log-probability of the words and <end>")
     attention: list[list[list[float]]] | None = Field(
-        description="T maps of gh x gw non-negative weights (rows of the region grid, top first), one per word; "
+        description="T maps of gh x gw non-negative weights (rows of the region grid, top first; rounded to 6 "
+                    "decimals), one per word; "
                     "null for a decoder that reports none")
     chosen: list[list[int] | None] | None = Field(
         description="hard attention: per word the [row, column] of the grid cell it chose; null otherwise")
@@ -90,18 +91,25 @@ class OverlayOperators(BaseModel):
 
 
 class Health(BaseModel):
-    status: str = Field(examples=["ok"])
+    status: str = Field(examples=["ok"], description='"ok", or "decoding process ended" when the models\' '
+                                                     "process has gone (requests then fail with 500)")
     models: list[str]
     queued: int = Field(description="requests waiting for the decoder")
 
 
+ATTENTION_DECIMALS = 6
+"""Attention weights in the JSON are rounded to this many decimals: a third of the bytes of a float's full
+repr to write, send and parse, and far finer than any display."""
+
+
 def beam_json(generation: Generation, vocab: Vocabulary, grid: tuple[int, int]) -> dict:
-    """One decoded caption as the JSON of a :class:`Beam`, its maps reshaped to the ``grid``."""
+    """One decoded caption as the JSON of a :class:`Beam`, its maps reshaped to the ``grid``, the weights
+    rounded to :data:`ATTENTION_DECIMALS`."""
     words = [vocab.words[index] for index in generation.tokens]
     alpha = attention_maps(generation, grid, "alpha")
     chosen = attention_maps(generation, grid, "chosen")
     return {"caption": " ".join(words), "tokens": words, "log_prob": generation.log_prob,
-            "attention": None if alpha is None else alpha.tolist(),
+            "attention": None if alpha is None else alpha.double().numpy().round(ATTENTION_DECIMALS).tolist(),
             "chosen": None if chosen is None else [_cell(one_hot.tolist()) for one_hot in chosen]}
 
 
