@@ -72,20 +72,11 @@ def main() -> int:
         def caption():
             served.caption(images, served.settings.beam)
 
-        def beside_thread() -> float:
-            stop = threading.Event()
-            worker = threading.Thread(target=busy_python, args=(stop,))
-            worker.start()
-            try:
-                return ms_per_image(caption, len(images), args.seconds)
-            finally:
-                stop.set()
-                worker.join()
-
-        def beside_process() -> float:
-            context = multiprocessing.get_context("spawn")
+        def beside(kind: str) -> float:
+            """ms per image while a busy Python ``thread`` or ``process`` runs."""
+            context = threading if kind == "thread" else multiprocessing.get_context("spawn")
             stop = context.Event()
-            worker = context.Process(target=busy_python, args=(stop,))
+            worker = (threading.Thread if kind == "thread" else context.Process)(target=busy_python, args=(stop,))
             worker.start()
             try:
                 return ms_per_image(caption, len(images), args.seconds)
@@ -94,7 +85,8 @@ def main() -> int:
                 worker.join()
 
         settings = {"alone": lambda: ms_per_image(caption, len(images), args.seconds),
-                    "beside_a_python_thread": beside_thread, "beside_a_python_process": beside_process}
+                    "beside_a_python_thread": lambda: beside("thread"),
+                    "beside_a_python_process": lambda: beside("process")}
         measured: dict[str, list[float]] = {name: [] for name in settings}
         for _ in range(args.rounds):
             for name, run in settings.items():

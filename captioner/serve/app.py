@@ -219,9 +219,9 @@ def serve(checkpoints: Sequence[str], *, host: str = "127.0.0.1", port: int = 80
     in_process = decode_in == "process"
     models = load_served_models(checkpoints, torch.device("cpu") if in_process else resolve_device(device), overrides,
                                 beam=beam, max_pixels=max_pixels)
-    with contextlib.ExitStack() as stack:
-        decoding = stack.enter_context(DecodingProcess(LoadSettings(
-            list(map(str, checkpoints)), device, list(overrides), beam, max_pixels))) if in_process else None
+    decoding_process = DecodingProcess(LoadSettings(list(map(str, checkpoints)), device, list(overrides), beam,
+                                                     max_pixels)) if in_process else contextlib.nullcontext()
+    with decoding_process as decoding:
         app = create_app(models, max_batch=max_batch, max_wait_ms=max_wait_ms, max_upload_mb=max_upload_mb,
                          decoding=decoding)
         where = f"at http://{host}:{port}/ (API schema: /openapi.json)" if port else "(uvicorn names the port below)"

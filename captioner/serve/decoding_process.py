@@ -2,10 +2,11 @@
 
 Every PyTorch operator releases the GIL while it runs and takes it back after; a beam search runs thousands
 of small operators, and in the server's process each of those hand-backs can wait for the event loop's
-thread (HTTP parsing, JSON), which only yields the GIL every few milliseconds. Measured here: a batch of 8
-images decodes at 3.7 ms per image alone and at over 500 ms per image beside one busy Python thread of the
-same process (3.7 ms beside a busy process). So the server's batcher hands each batch to this child process
-over a pipe: the images go as one uint8 array, the captions come back with their attention as arrays.
+thread (HTTP parsing, JSON), which only yields the GIL every few milliseconds. Measured by
+``benchmarks/bench_decode_beside_python.py``: beside one busy Python thread of the same process a batch
+decodes hundreds of times slower than alone, beside a busy process about as fast. So the server's batcher
+hands each batch to this child process over a pipe: the images go as one uint8 array, the captions come
+back with their attention as arrays.
 
 The child loads the same checkpoints with the same settings (:func:`~captioner.serve.checkpoints.load_served_models`)
 and decodes on the server's device; the server's own copies stay on the CPU, for reading uploads and
@@ -147,4 +148,3 @@ def _child(connection, settings: LoadSettings) -> None:
         except Exception as error:  # the batch's requests fail; the child goes on
             log.exception("decoding a batch of %d for %s failed", len(images), name)
             connection.send(("error", f"{type(error).__name__}: {error}"))
-
