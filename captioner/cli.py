@@ -161,7 +161,7 @@ def _cmd_demo(args) -> int:
     from captioner.demo import DEMO_RUNS, run_demo
 
     run_demo(Path(args.out), data_dir=Path(args.data), fast=args.fast, runs=tuple(args.runs or DEMO_RUNS),
-             seed=args.seed)
+             seed=args.seed, jobs=args.jobs)
     return 0
 
 
@@ -311,6 +311,9 @@ def build_parser() -> argparse.ArgumentParser:
                       "the shapes data stay the same")
     demo.add_argument("--runs", nargs="+", metavar="RUN", help="train only these runs (default: all of soft, "
                       "none, hard, transformer, soft_scst; soft_scst needs soft, trained now or before)")
+    demo.add_argument("--jobs", type=_positive_int, default=None,
+                      help="runs trained at once, each in a worker process with its share of the CPU cores (default: "
+                           "one per usable core on a CPU, 1 with a GPU); 1: one after the other in this process")
     demo.set_defaults(func=_cmd_demo)
     return parser
 

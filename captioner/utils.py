@@ -1,4 +1,4 @@
-"""Small helpers: device choice, seeding, random-state capture, JSON reading, atomic file writes."""
+"""Small helpers: device choice, usable cores, seeding, random-state capture, JSON reading, atomic file writes."""
 
 from __future__ import annotations
 
@@ -26,6 +26,11 @@ def resolve_device(name: str = "auto") -> torch.device:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise CaptionerError(f"run.device={name}: CUDA is not available on this machine")
     return device
+
+
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity mask where the system has one)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def seed_everything(seed: int) -> None:

@@ -36,7 +36,6 @@ import colorsys
 import itertools
 import json
 import math
-import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import lru_cache
@@ -46,6 +45,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from captioner.errors import CaptionerError
+from captioner.utils import usable_cores
 
 SHAPES = ("circle", "square", "triangle", "diamond", "cross")
 COLOURS = ("red", "green", "blue", "yellow", "purple", "orange")
@@ -373,8 +373,7 @@ def _write_image(seed: int, image_id: int, image_size: int, path: Path) -> tuple
 def _default_workers() -> int:
     """Threads for writing images: one more than the usable cores, so that one thread's Python work
     overlaps the others' PNG encoding and numpy work (which release the GIL)."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return cores + 1
+    return usable_cores() + 1
 
 
 def _split_sizes(num_images: int, split_fractions: tuple[float, float, float]) -> dict[str, int]:

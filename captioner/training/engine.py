@@ -370,8 +370,9 @@ def log_step(run: Run, state: TrainState, losses: dict, words_per_s: float, obje
     run.logger.log(record)
 
 
-def train_one_epoch(run: Run, state: TrainState, stop: GracefulStop) -> bool:
-    """One pass over the loader, from ``state.batch_in_epoch`` on. Returns False when asked to stop part-way."""
+def train_one_epoch(run: Run, state: TrainState, stop: GracefulStop, progress: bool = True) -> bool:
+    """One pass over the loader, from ``state.batch_in_epoch`` on (a progress bar on rank 0 unless ``progress``
+    is False). Returns False when asked to stop part-way."""
     train, objective = run.config["train"], run.objective(state.epoch)
     loader = run.loaders[objective]
     loader.sampler.set_epoch(state.epoch, start=state.batch_in_epoch * run.rank_batch)
@@ -379,7 +380,7 @@ def train_one_epoch(run: Run, state: TrainState, stop: GracefulStop) -> bool:
     run.loss.train()
     words_seen, started = 0, time.perf_counter()
     bar = tqdm(loader, desc=f"epoch {state.epoch + 1}/{train['epochs']} ({objective})", unit="batch", leave=False,
-               disable=not run.world.is_main, initial=state.batch_in_epoch, total=state.batch_in_epoch + len(loader))
+               disable=not (run.world.is_main and progress), initial=state.batch_in_epoch, total=state.batch_in_epoch + len(loader))
     for batch in bar:
         log_skipped_images(run, state, batch)
         state.batch_in_epoch += 1  # consumed, even if skipped below: a resumed run starts after it
@@ -436,19 +437,21 @@ def end_epoch(run: Run, state: TrainState) -> bool:
     return True
 
 
-def train(config: dict, *, resume: bool = False, overwrite: bool = False) -> dict:
-    """Train a model as ``config`` says; returns ``{"best": score, "checkpoint": path, "train_seconds": s, ...}``.
+def train(config: dict, *, resume: bool = False, overwrite: bool = False, progress: bool = True) -> dict:
+    """Train a model as ``config`` says; returns ``{"best": score, "checkpoint": path, "train_seconds": s, ...}``
+    (``stopped``: True when a signal stopped it part-way, with a resumable ``last.pt`` saved). ``progress``:
+    False turns the per-batch progress bar off (the epoch lines stay).
 
     Under torchrun every rank calls this: ``train.batch_size`` is the global batch, split evenly over the
     ranks; rank 0 alone writes the run folder."""
     world, device = setup(config["run"]["device"])
     try:
-        return _train(config, world, device, resume=resume, overwrite=overwrite)
+        return _train(config, world, device, resume=resume, overwrite=overwrite, progress=progress)
     finally:
         teardown(world)
 
 
-def _train(config: dict, world: World, device: torch.device, *, resume: bool, overwrite: bool) -> dict:
+def _train(config: dict, world: World, device: torch.device, *, resume: bool, overwrite: bool, progress: bool) -> dict:
     run_dir = Path(config["run"]["out"])
     prepare_run_dir(run_dir, resume=resume, overwrite=overwrite, world=world)
     seed_everything(config["run"]["seed"])
@@ -462,7 +465,7 @@ def _train(config: dict, world: World, device: torch.device, *, resume: bool, ov
     try:
         with GracefulStop() as stop:
             while state.epoch < config["train"]["epochs"]:
-                if not train_one_epoch(run, state, stop):
+                if not train_one_epoch(run, state, stop, progress):
                     run.save(state)
                     stopped = True
                     log.warning("saved %s; continue with --resume", run_dir / "last.pt")
