@@ -7,9 +7,9 @@ evaluates each on the held-out test split (beam: the configs' decode.beam), capt
 figures, compares the runs (``captioner compare``) and writes ``{out}/summary.json``.
 
 On a CPU the runs train side by side, one worker process per usable core (``jobs``), each with its share of the
-cores as torch threads: the demo's small LSTM steps use two threads poorly, so two one-thread runs together finish
-in about 0.6 of the time the two take one after the other. With a GPU (or ``jobs=1``) they train one after the
-other in this process.
+cores as torch threads: the demo's small LSTM steps use a second thread poorly, so two one-thread runs together
+finish in 0.57-0.73 of the time the two take one after the other with two threads each (README, Speed). With a
+GPU (or ``jobs=1``) they train one after the other in this process.
 """
 
 from __future__ import annotations
