@@ -161,7 +161,7 @@ def _cmd_demo(args) -> int:
     from captioner.demo import DEMO_RUNS, run_demo
 
     run_demo(Path(args.out), data_dir=Path(args.data), fast=args.fast, runs=tuple(args.runs or DEMO_RUNS),
-             seed=args.seed, jobs=args.jobs)
+             seed=args.seed, jobs=args.jobs, resume=args.resume)
     return 0
 
 
@@ -314,6 +314,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--jobs", type=_positive_int, default=None,
                       help="runs trained at once, each in a worker process with its share of the CPU cores (default: "
                            "one per usable core on a CPU, 1 with a GPU); 1: one after the other in this process")
+    demo.add_argument("--resume", action="store_true", help="continue each run from its last.pt where it has one "
+                      "(after Ctrl-C: the same result as a demo never stopped) instead of starting it over")
     demo.set_defaults(func=_cmd_demo)
     return parser
 

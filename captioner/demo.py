@@ -1,6 +1,7 @@
 """The main job (``make demo``): shapes data -> cached features -> train each demo run -> test scores ->
 figures -> comparison report. ``captioner demo --runs soft_scst`` retrains only the runs named and keeps the
-other rows of an earlier summary in the same folder.
+other rows of an earlier summary in the same folder; ``--resume`` continues every run from its ``last.pt``
+(after Ctrl-C: the result of an uninterrupted demo).
 
 Runs ``configs/demo_{name}.yaml`` for each name in ``DEMO_RUNS`` with the same seed and budget,
 evaluates each on the held-out test split (beam: the configs' decode.beam), captions a few test images with attention
@@ -122,10 +123,11 @@ def default_jobs(runs: int) -> int:
 
 
 def run_demo(out: Path, data_dir: Path, fast: bool = False, runs: tuple[str, ...] = DEMO_RUNS,
-             seed: int | None = None, jobs: int | None = None) -> dict:
+             seed: int | None = None, jobs: int | None = None, resume: bool = False) -> dict:
     """The whole main job; returns (and writes) the summary. ``seed``: every run's ``run.seed`` instead of the
     configs' (the shapes data stay those of seed 0). ``jobs``: how many runs train at once, each in a worker
-    process (default :func:`default_jobs`); 1 trains them one after the other in this process."""
+    process (default :func:`default_jobs`); 1 trains them one after the other in this process. ``resume``: a
+    run whose folder holds a ``last.pt`` continues from it instead of starting over."""
     started = time.perf_counter()
     unknown = sorted(set(runs) - set(DEMO_RUNS))
     if unknown:
@@ -151,9 +153,9 @@ def run_demo(out: Path, data_dir: Path, fast: bool = False, runs: tuple[str, ...
     jobs = min(jobs or default_jobs(len(configs)), len(configs))
     if jobs == 1:
         for name, config in configs.items():
-            summary["runs"][name] = finished(name, train_and_score(name, config, out), started)
+            summary["runs"][name] = finished(name, train_and_score(name, config, out, resume=resume), started)
     else:
-        summary["runs"].update(train_side_by_side(configs, out, jobs, started))
+        summary["runs"].update(train_side_by_side(configs, out, jobs, started, resume=resume))
     summary["runs"] = {name: summary["runs"][name] for name in DEMO_RUNS if name in summary["runs"]}
     shown = next(iter(summary["runs"]))          # soft, unless an earlier demo in out did not train it
     print(f"\n== captions and attention figures ({shown}) ==")
@@ -176,16 +178,18 @@ def earlier_runs(out: Path, keep: set[str]) -> dict:
     return {name: row for name, row in rows.items() if name in keep and Path(row["checkpoint"]).exists()}
 
 
-def train_and_score(name: str, config: dict, out: Path, progress: bool = True) -> dict:
-    """Train one demo run, score it on the test split; its row of the summary. Raises KeyboardInterrupt when a
-    signal stopped the training (its resumable ``last.pt`` saved)."""
+def train_and_score(name: str, config: dict, out: Path, progress: bool = True, resume: bool = False) -> dict:
+    """Train one demo run (with ``resume``, on from its ``last.pt`` if it has one), score it on the test split;
+    its row of the summary. Raises KeyboardInterrupt when a signal stopped the training (its resumable
+    ``last.pt`` saved)."""
     model, objective = config["model"], config["train"]["objective"]
     kind = ("Transformer decoder" if model["decoder"] == "transformer"
             else f"LSTM, {model['lstm']['attention']} {model['lstm']['attention_mode']} attention")
     if objective == "scst":
         kind = f"self-critical fine-tuning of {Path(config['train']['init_from']).parent.name}"
-    print(f"\n== training '{name}' ({kind}) ==")
-    result = train(config, overwrite=True, progress=progress)
+    continuing = resume and (Path(config["run"]["out"]) / "last.pt").exists()
+    print(f"\n== training '{name}' ({kind}){', on from its last.pt' if continuing else ''} ==")
+    result = train(config, resume=continuing, overwrite=not continuing, progress=progress)
     if result["stopped"]:
         raise KeyboardInterrupt
     scores = evaluate_checkpoint(result["checkpoint"], "test", out_dir=out / name, progress=False)
@@ -202,8 +206,9 @@ def finished(name: str, row: dict, started: float) -> dict:
     return {**row, "done_after_seconds": round(elapsed, 1)}
 
 
-def train_side_by_side(configs: dict[str, dict], out: Path, jobs: int, started: float) -> dict[str, dict]:
-    """:func:`train_and_score` every run of ``configs``, ``jobs`` at a time, each in a worker process of its own
+def train_side_by_side(configs: dict[str, dict], out: Path, jobs: int, started: float,
+                       resume: bool = False) -> dict[str, dict]:
+    """:func:`train_and_score` (with ``resume``) every run of ``configs``, ``jobs`` at a time, each in a worker process of its own
     with an equal share of the usable cores as torch threads; a run that starts from another (``STARTS_FROM``)
     waits for it, the others start in ``DEMO_RUNS`` order. Returns the rows in the order the runs finished.
 
@@ -223,7 +228,7 @@ def train_side_by_side(configs: dict[str, dict], out: Path, jobs: int, started: 
                 for name in ready[:jobs - len(running)]:
                     receiver, sender = context.Pipe(duplex=False)
                     process = context.Process(target=train_in_worker, name=f"demo-{name}",
-                                              args=(name, waiting.pop(name), out, threads, sender))
+                                              args=(name, waiting.pop(name), out, resume, threads, sender))
                     process.start()
                     sender.close()
                     running[receiver] = (name, process)
@@ -252,7 +257,7 @@ def train_side_by_side(configs: dict[str, dict], out: Path, jobs: int, started: 
     return rows
 
 
-def train_in_worker(name: str, config: dict, out: Path, threads: int, sender) -> None:
+def train_in_worker(name: str, config: dict, out: Path, resume: bool, threads: int, sender) -> None:
     """A worker process of :func:`train_side_by_side`: :func:`train_and_score` with ``threads`` torch threads,
     no progress bars and each printed line prefixed by ``[name]``; sends ``("row", row)``, ``("error", error)``
     or ``("interrupted", None)`` through ``sender``.
@@ -266,7 +271,7 @@ def train_in_worker(name: str, config: dict, out: Path, threads: int, sender) ->
     sys.stdout, sys.stderr = LinePrefixer(sys.stdout, f"[{name}] "), LinePrefixer(sys.stderr, f"[{name}] ")
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     try:
-        sender.send(("row", train_and_score(name, config, out, progress=False)))
+        sender.send(("row", train_and_score(name, config, out, progress=False, resume=resume)))
     except KeyboardInterrupt:
         sender.send(("interrupted", None))
     except Exception as err:                # handed to the demo process, which raises it

@@ -58,6 +58,13 @@ def test_demo_fast_writes_the_summary_figures_and_report(tmp_path, capsys):
     assert side_by_side.keys() == in_process.keys()
     assert all(torch.equal(side_by_side[k], in_process[k]) for k in side_by_side)
     assert all(row[k] == summary["runs"]["none"][k] for k in ("BLEU-4", "CIDEr", "METEOR", "object_precision"))
+    # --resume continues a run from its last.pt: a finished one trains no further and keeps its scores.
+    last = (out / "none" / "last.pt").stat().st_mtime_ns
+    assert main(["demo", "--fast", "--out", str(out), "--data", str(data), "--runs", "none", "--resume"]) == 0
+    assert "'none' (LSTM, none soft attention), on from its last.pt" in capsys.readouterr().out
+    assert (out / "none" / "last.pt").stat().st_mtime_ns == last
+    resumed = json.loads((out / "summary.json").read_text())["runs"]["none"]
+    assert all(resumed[k] == summary["runs"]["none"][k] for k in ("BLEU-4", "CIDEr", "METEOR", "epochs"))
 
 def test_a_failing_run_fails_the_demo_with_its_error_and_leaves_no_worker(tmp_path):
     missing = tmp_path / "no_shapes_here"

@@ -74,6 +74,14 @@ def test_signal_mid_epoch_saves_and_resume_equals_uninterrupted(tiny_coco, tmp_p
     assert_same_weights(state_of(tmp_path / "full" / "last.pt"), state_of(tmp_path / "split" / "last.pt"))
 
 
+def test_resuming_a_run_that_stopped_early_trains_no_further(tiny_coco, tmp_path):
+    config = tiny_config(tiny_coco, tmp_path / "run", train={"epochs": 4, "early_stopping": 1, "lr": 0.0})
+    result = train(config)          # lr 0: no gain after the first epoch, so it stops after the second
+    assert result["epochs"] == 2
+    resumed = train(config, resume=True)
+    assert (resumed["epochs"], resumed["step"]) == (result["epochs"], result["step"])
+
+
 def test_resume_refuses_another_architecture(tiny_coco, tmp_path):
     train(tiny_config(tiny_coco, tmp_path / "run", train={"epochs": 1}))
     with pytest.raises(CaptionerError, match="different model section .*hidden_dim"):

@@ -431,10 +431,16 @@ def end_epoch(run: Run, state: TrainState) -> bool:
     run.save(state)
     if improved:
         run.save(state, "best")
-    if train["early_stopping"] and state.stale >= train["early_stopping"]:
+    if stopped_early(state, train):
         tqdm.write(f"early stop: no {train['metric']} gain for {state.stale} epochs")
         return False
     return True
+
+
+def stopped_early(state: TrainState, train: dict) -> bool:
+    """True once ``train.early_stopping`` epochs in a row brought no gain (a resumed run that had stopped early
+    trains no further)."""
+    return bool(train["early_stopping"]) and state.stale >= train["early_stopping"]
 
 
 def train(config: dict, *, resume: bool = False, overwrite: bool = False, progress: bool = True) -> dict:
@@ -464,7 +470,7 @@ def _train(config: dict, world: World, device: torch.device, *, resume: bool, ov
     stopped = False
     try:
         with GracefulStop() as stop:
-            while state.epoch < config["train"]["epochs"]:
+            while state.epoch < config["train"]["epochs"] and not stopped_early(state, config["train"]):
                 if not train_one_epoch(run, state, stop, progress):
                     run.save(state)
                     stopped = True
