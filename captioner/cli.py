@@ -343,10 +343,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from captioner.utils import keep_freed_memory
+    from captioner.utils import LOG_FORMAT, keep_freed_memory
 
     keep_freed_memory()   # decoding in a fresh process as fast as in a warmed-up one (see its docstring)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
     try:
         return args.func(args)
     except CaptionerError as err:

@@ -41,7 +41,7 @@ from captioner.errors import CaptionerError
 from captioner.evaluation.evaluate import evaluate_checkpoint
 from captioner.inference import attend_file
 from captioner.training.engine import train
-from captioner.utils import keep_freed_memory, usable_cores
+from captioner.utils import LOG_FORMAT, keep_freed_memory, usable_cores
 from captioner.visualisation.report import write_report
 
 DEMO_RUNS = ("soft", "none", "hard", "transformer", "soft_scst")
@@ -120,6 +120,11 @@ def demo_figures(checkpoint: Path, out_dir: Path, count: int) -> list[str]:
 def default_jobs(runs: int) -> int:
     """How many runs train at once by default: one with a GPU, else one per usable core (at most ``runs``)."""
     return 1 if torch.cuda.is_available() else max(1, min(runs, usable_cores()))
+
+
+def threads_per_job(jobs: int) -> int:
+    """Torch threads of each of ``jobs`` worker processes: an equal share of the usable cores, at least one."""
+    return max(1, usable_cores() // jobs)
 
 
 def run_demo(out: Path, data_dir: Path, fast: bool = False, runs: tuple[str, ...] = DEMO_RUNS,
@@ -208,14 +213,15 @@ def finished(name: str, row: dict, started: float) -> dict:
 
 def train_side_by_side(configs: dict[str, dict], out: Path, jobs: int, started: float,
                        resume: bool = False) -> dict[str, dict]:
-    """:func:`train_and_score` (with ``resume``) every run of ``configs``, ``jobs`` at a time, each in a worker process of its own
-    with an equal share of the usable cores as torch threads; a run that starts from another (``STARTS_FROM``)
-    waits for it, the others start in ``DEMO_RUNS`` order. Returns the rows in the order the runs finished.
+    """:func:`train_and_score` (with ``resume``) every run of ``configs``, ``jobs`` at a time, each in a worker
+    process of its own with :func:`threads_per_job` torch threads; a run that starts from another
+    (``STARTS_FROM``) waits for it, the others start in ``DEMO_RUNS`` order. Returns the rows in the order the
+    runs finished.
 
     The workers live in a process group of their own: Ctrl-C (or SIGTERM) reaches this process alone, which then
     sends SIGTERM to the workers still running, so that a run in training saves a resumable ``last.pt`` and
     stops; the same happens to the others when one run fails, and its error is raised here."""
-    threads = max(1, usable_cores() // jobs)
+    threads = threads_per_job(jobs)
     print(f"\n== training {len(configs)} runs, {jobs} at a time ({threads} torch thread(s) each) ==", flush=True)
     context = multiprocessing.get_context("spawn")
     rows: dict[str, dict] = {}
@@ -269,7 +275,7 @@ def train_in_worker(name: str, config: dict, out: Path, resume: bool, threads: i
     torch.set_num_threads(threads)
     keep_freed_memory()
     sys.stdout, sys.stderr = LinePrefixer(sys.stdout, f"[{name}] "), LinePrefixer(sys.stderr, f"[{name}] ")
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr)
     try:
         sender.send(("row", train_and_score(name, config, out, progress=False, resume=resume)))
     except KeyboardInterrupt:

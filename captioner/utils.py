@@ -15,6 +15,9 @@ import torch
 from captioner.errors import CaptionerError
 
 
+LOG_FORMAT = "%(levelname)s %(name)s: %(message)s"    # the log lines of every command and demo worker
+
+
 def resolve_device(name: str = "auto") -> torch.device:
     """``auto`` -> ``cuda`` when a GPU is present, else ``cpu``; ``cpu``, ``cuda``, ``cuda:N`` as given."""
     if name == "auto":

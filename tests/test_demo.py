@@ -15,9 +15,8 @@ from captioner.checkpoint import load_checkpoint
 from captioner.cli import main
 from captioner.config import load_config
 from captioner.demo import CONFIG_DIR, DEMO_RUNS, FAST_OVERRIDES, LinePrefixer, default_jobs, shapes_overrides, \
-    train_and_score, train_side_by_side
+    threads_per_job, train_and_score, train_side_by_side
 from captioner.errors import CaptionerError
-from captioner.utils import usable_cores
 
 
 def test_demo_fast_writes_the_summary_figures_and_report(tmp_path, capsys):
@@ -49,7 +48,7 @@ def test_demo_fast_writes_the_summary_figures_and_report(tmp_path, capsys):
     config = load_config(CONFIG_DIR / "demo_none.yaml", shapes_overrides(data, out / "features") + FAST_OVERRIDES
                          + [f"run.out={again / 'none'}"])
     threads = torch.get_num_threads()
-    torch.set_num_threads(max(1, usable_cores() // default_jobs(len(DEMO_RUNS))))
+    torch.set_num_threads(threads_per_job(default_jobs(len(DEMO_RUNS))))
     try:
         row = train_and_score("none", config, again)
     finally:
@@ -65,6 +64,7 @@ def test_demo_fast_writes_the_summary_figures_and_report(tmp_path, capsys):
     assert (out / "none" / "last.pt").stat().st_mtime_ns == last
     resumed = json.loads((out / "summary.json").read_text())["runs"]["none"]
     assert all(resumed[k] == summary["runs"]["none"][k] for k in ("BLEU-4", "CIDEr", "METEOR", "epochs"))
+
 
 def test_a_failing_run_fails_the_demo_with_its_error_and_leaves_no_worker(tmp_path):
     missing = tmp_path / "no_shapes_here"

@@ -380,7 +380,8 @@ def train_one_epoch(run: Run, state: TrainState, stop: GracefulStop, progress: b
     run.loss.train()
     words_seen, started = 0, time.perf_counter()
     bar = tqdm(loader, desc=f"epoch {state.epoch + 1}/{train['epochs']} ({objective})", unit="batch", leave=False,
-               disable=not (run.world.is_main and progress), initial=state.batch_in_epoch, total=state.batch_in_epoch + len(loader))
+               disable=not (run.world.is_main and progress), initial=state.batch_in_epoch,
+               total=state.batch_in_epoch + len(loader))
     for batch in bar:
         log_skipped_images(run, state, batch)
         state.batch_in_epoch += 1  # consumed, even if skipped below: a resumed run starts after it
