@@ -124,9 +124,10 @@ def _child(connection, settings: LoadSettings) -> None:
     ``("error", one line)`` until ``None`` or the parent is gone. Ctrl-C reaches the whole process group:
     the child leaves it to the parent, which stops it."""
     from captioner.serve.checkpoints import load_served_models
-    from captioner.utils import resolve_device
+    from captioner.utils import keep_freed_memory, resolve_device
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    keep_freed_memory()     # a spawned interpreter starts with glibc's defaults again: set up as the CLI does
     try:
         models = load_served_models(settings.checkpoints, resolve_device(settings.device), settings.overrides,
                                     beam=settings.beam, max_pixels=settings.max_pixels)
