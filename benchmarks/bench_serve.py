@@ -8,7 +8,8 @@ images/s, p50/p95/p99 latency, failed requests and the mean batch the server dec
 (``--max-batch 16 --max-wait-ms 10``) against off (``--max-batch 1``, one image at a time): both servers run
 at once and each setting is measured in ``--rounds`` rounds, on and off in turn (the row shown is the median
 round; the speedup at 16 clients is the median of the rounds' ratios). Then, batching on, the server's
-resident memory (with its decoding process) before and after ``--memory-requests`` more requests from 16 clients.
+resident memory (with its decoding process, and each process alone) before and after ``--memory-requests``
+more requests from 16 clients.
 
 The checkpoint: ``--checkpoint PATH``; by default the demo's trained soft-attention model
 (``runs/demo/soft/best.pt`` after ``make demo``: MobileNetV2 at 128 px, 8x8 regions, LSTM 256, beam 3), which
@@ -88,11 +89,19 @@ def live_server(checkpoint: Path, options: list[str], threads: int, device: str)
 
 def rss_mb(pid: int) -> float:
     """Resident memory of process ``pid`` and its children (the server's decoding process)."""
-    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return own_rss_mb(pid) + sum(rss_mb(child) for child in children(pid))
+
+
+def own_rss_mb(pid: int) -> float:
+    """Resident memory of process ``pid`` alone."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024 + sum(rss_mb(int(child)) for child in children)
+            return int(line.split()[1]) / 1024
     raise RuntimeError(f"no VmRSS for process {pid}")
+
+
+def children(pid: int) -> list[int]:
+    return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
 
 
 async def load(url: str, images: list[bytes], clients: int, requests: int, time_limit: float) -> dict:
@@ -156,11 +165,14 @@ def measure(args, checkpoint: Path, images: list[bytes]) -> dict:
                     "p95_ms_on": [r["latency_ms"]["p95"] for r in rows["on"]],
                     "p95_ms_off": [r["latency_ms"]["p95"] for r in rows["off"]]}
         before = rss_mb(pid_on)
+        processes = {"server_process_mb": round(own_rss_mb(pid_on), 1),   # the multiprocessing tracker is the small one
+                     "decoding_process_mb": round(max(own_rss_mb(child) for child in children(pid_on)), 1)}
         print(f"memory: {args.memory_requests} requests ...", file=sys.stderr)
         row = asyncio.run(load(url_on, images, 16, args.memory_requests, 10 * args.time_limit))
         after = rss_mb(pid_on)
         results["memory"] = {"requests": row["requests"], "failed": row["failed"], "rss_mb_before": round(before, 1),
-                             "rss_mb_after": round(after, 1), "growth_mb": round(after - before, 1)}
+                             "rss_mb_after": round(after, 1), "growth_mb": round(after - before, 1),
+                             "before_by_process": processes}
     return results
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from captioner.data.images import load_image
-from captioner.errors import ImageError
+from captioner.errors import CaptionerError, ImageError
 from captioner.serve.batching import DynamicBatcher
 from captioner.serve.checkpoints import load_served_models
 from captioner.serve.decoding_process import DecodingProcess, LoadSettings
@@ -133,11 +133,17 @@ def test_cancelled_jobs_are_skipped_and_closing_cancels_what_is_left():
         late.submit_nowait("k", 2)
 
 
-def test_the_decoding_process_gives_the_captions_of_the_server_process(served, served_checkpoints, tensors):
+def test_the_decoding_process_gives_the_captions_of_the_server_process(served, served_checkpoints, tensors, tiny_coco):
+    tiny_png = next((tiny_coco / "images" / "test").glob("*.png")).read_bytes()
     """The models in a child process (captioner serve's default) decode every checkpoint's batches as the
-    models of the server's own process do; a failing batch fails alone and the child goes on."""
+    models of the server's own process do; a failing batch fails alone and the child goes on. The server's
+    process gets descriptions without weights, which read uploads and describe the models as the loaded ones."""
     names = list(served_checkpoints)
     with DecodingProcess(LoadSettings([str(served_checkpoints[name]) for name in names], "cpu")) as process:
+        assert list(process.models) == names
+        for name, description in process.models.items():
+            assert description.model is None and description.describe() == served[name].describe()
+            assert torch.equal(description.read(tiny_png, "a.png")[1], served[name].read(tiny_png, "a.png")[1])
         for name, beam in [("soft", 3), ("hard", 2), ("transformer", 2)]:
             assert_same_captions(process.caption((name, beam), tensors[name]), served[name].caption(tensors[name], beam))
         with pytest.raises(RuntimeError, match="decoding failed in the decoding process: KeyError"):
@@ -149,7 +155,7 @@ def test_the_decoding_process_gives_the_captions_of_the_server_process(served, s
         with pytest.raises(RuntimeError, match="the decoding process ended"):
             process.caption(("soft", 1), tensors["soft"])
         assert not process.alive
-    with pytest.raises(RuntimeError, match="could not load the models: .*missing.pt"):
+    with pytest.raises(CaptionerError, match="missing.pt: checkpoint not found"):    # a user's error, as it is
         DecodingProcess(LoadSettings([str(Path(served_checkpoints["soft"]).parent / "missing.pt")], "cpu")).start()
 
 

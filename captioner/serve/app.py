@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
-import torch
 import uvicorn
 from fastapi import APIRouter, FastAPI, File, Form, Query, Request, UploadFile
 from fastapi.concurrency import run_in_threadpool
@@ -212,18 +211,22 @@ def serve(checkpoints: Sequence[str], *, host: str = "127.0.0.1", port: int = 80
           overrides: Sequence[str] = (), beam: int | None = None, max_pixels: int | None = None, max_batch: int = 16,
           max_wait_ms: float = 10.0, max_upload_mb: float = 20.0, decode_in: str = "process") -> None:
     """Load ``checkpoints`` once and serve them with uvicorn until interrupted (``captioner serve``).
-    ``decode_in``: ``process``, the models decode in a child process (:mod:`~captioner.serve.decoding_process`),
-    this one keeping CPU copies to read uploads and describe them; ``thread``, in this process's batcher thread."""
+    ``decode_in``: ``process``, the models load and decode in a child process
+    (:mod:`~captioner.serve.decoding_process`), this one holding only their descriptions to read uploads and
+    describe them; ``thread``, in this process's batcher thread."""
     if decode_in not in ("process", "thread"):
         raise ValueError(f"decode_in: expected process or thread, got {decode_in!r}")
-    in_process = decode_in == "process"
-    models = load_served_models(checkpoints, torch.device("cpu") if in_process else resolve_device(device), overrides,
-                                beam=beam, max_pixels=max_pixels)
-    decoding_process = DecodingProcess(LoadSettings(list(map(str, checkpoints)), device, list(overrides), beam,
-                                                     max_pixels)) if in_process else contextlib.nullcontext()
-    with decoding_process as decoding:
-        app = create_app(models, max_batch=max_batch, max_wait_ms=max_wait_ms, max_upload_mb=max_upload_mb,
-                         decoding=decoding)
-        where = f"at http://{host}:{port}/ (API schema: /openapi.json)" if port else "(uvicorn names the port below)"
-        print(f"captioner serve: {', '.join(models)} {where}", flush=True)
-        uvicorn.run(app, host=host, port=port, log_level="info")
+    if decode_in == "process":
+        with DecodingProcess(LoadSettings(list(map(str, checkpoints)), device, list(overrides), beam,
+                                          max_pixels)) as decoding:
+            _run(create_app(decoding.models, max_batch=max_batch, max_wait_ms=max_wait_ms,
+                            max_upload_mb=max_upload_mb, decoding=decoding), host, port)
+    else:
+        models = load_served_models(checkpoints, resolve_device(device), overrides, beam=beam, max_pixels=max_pixels)
+        _run(create_app(models, max_batch=max_batch, max_wait_ms=max_wait_ms, max_upload_mb=max_upload_mb), host, port)
+
+
+def _run(app: FastAPI, host: str, port: int) -> None:
+    where = f"at http://{host}:{port}/ (API schema: /openapi.json)" if port else "(uvicorn names the port below)"
+    print(f"captioner serve: {', '.join(app.state.models)} {where}", flush=True)
+    uvicorn.run(app, host=host, port=port, log_level="info")

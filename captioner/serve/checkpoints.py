@@ -20,22 +20,27 @@ from captioner.models.captioner import Captioner
 
 @dataclass
 class ServedModel:
-    """One loaded checkpoint: the model in eval mode, its vocabulary and config, the decode ``settings``
-    (``beam`` is the default when a request names none) and ``max_pixels``, the largest image it accepts."""
+    """One loaded checkpoint: its vocabulary and config, the decode ``settings`` (``beam`` is the default when a
+    request names none), ``max_pixels``, the largest image it accepts, the ``transform`` of an upload into the
+    encoder's input, the encoder's region ``grid`` ``(gh, gw)`` over which every attention map lies and its
+    input ``image_size`` ``(H, W)``; and ``model``, in eval mode, where this process decodes (``None`` in the
+    server's process when the models decode in :mod:`~captioner.serve.decoding_process`: see :meth:`description`)."""
 
     name: str
     path: Path
-    model: Captioner
     vocab: Vocabulary
     config: dict
     settings: DecodeConfig
     max_pixels: int
     transform: Callable[[Image.Image], torch.Tensor]
+    grid: tuple[int, int]
+    image_size: tuple[int, int]
+    model: Captioner | None = None
 
-    @property
-    def grid(self) -> tuple[int, int]:
-        """``(gh, gw)``: the encoder's region grid, over which every attention map lies."""
-        return tuple(self.model.encoder.grid)
+    def description(self) -> ServedModel:
+        """This checkpoint without its model: all a server needs to read uploads, draw attention and describe
+        it, while the model decodes in another process (it pickles in a few kilobytes)."""
+        return dataclasses.replace(self, model=None)
 
     def read(self, data: bytes, name: str) -> tuple[Image.Image, torch.Tensor]:
         """The uploaded file ``data`` as an RGB image and as the encoder's input pixels, uint8 ``(3, H, W)``
@@ -48,6 +53,8 @@ class ServedModel:
     def caption(self, images: Sequence[torch.Tensor], beam: int) -> list[list[Generation]]:
         """The ``beam`` best captions of each of ``images`` (each uint8 ``(3, H, W)`` from :meth:`read`), best
         first, decoded as one batched beam search (``beam=1``: greedy decoding, one caption each)."""
+        if self.model is None:
+            raise RuntimeError(f"{self.name}: this is a description of the checkpoint; its model decodes elsewhere")
         batch = TO_FLOAT(torch.stack(list(images)).to(self.model.device))
         settings = dataclasses.replace(self.settings, beam=beam)
         return decode_n_best(self.model.decoder, self.model.regions(images=batch), self.vocab, settings)
@@ -58,7 +65,7 @@ class ServedModel:
         return {"name": self.name, "checkpoint": str(self.path), "run": str(self.config["run"]["out"]),
                 "decoder": model["decoder"], "attention": attention_kind(model),
                 "encoder": self.config["encoder"]["name"], "vocab_size": len(self.vocab), "grid": list(self.grid),
-                "image_size": list(self.model.encoder.image_size), "beam": self.settings.beam,
+                "image_size": list(self.image_size), "beam": self.settings.beam,
                 "max_length": self.settings.max_length, "max_pixels": self.max_pixels}
 
 
@@ -87,8 +94,9 @@ def load_served_models(paths: Sequence[str | Path], device: torch.device, overri
     for path in map(Path, paths):
         model, vocab, config, _ = load_model(path, device, overrides)
         name = _unique(Path(str(config["run"]["out"])).name or path.parent.name, served)
-        served[name] = ServedModel(name, path, model, vocab, config, DecodeConfig.of(config, beam=beam),
-                                   max_pixels or config["data"]["max_pixels"], image_transform(model.encoder, to_float=False))
+        served[name] = ServedModel(name, path, vocab, config, DecodeConfig.of(config, beam=beam),
+                                   max_pixels or config["data"]["max_pixels"], image_transform(model.encoder, to_float=False),
+                                   tuple(model.encoder.grid), tuple(model.encoder.image_size), model)
     return served
 
 

@@ -8,9 +8,10 @@ decodes hundreds of times slower than alone, beside a busy process about as fast
 hands each batch to this child process over a pipe: the images go as one uint8 array, the captions come
 back with their attention as arrays.
 
-The child loads the same checkpoints with the same settings (:func:`~captioner.serve.checkpoints.load_served_models`)
-and decodes on the server's device; the server's own copies stay on the CPU, for reading uploads and
-describing the models.
+The child loads the checkpoints (:func:`~captioner.serve.checkpoints.load_served_models`) and decodes on the
+server's device; the server's process holds only their descriptions (vocabulary, config, input transform,
+grid: :meth:`~captioner.serve.checkpoints.ServedModel.description`), which the child sends once loaded, so the
+weights sit in memory once and are read from disk once.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ import numpy as np
 import torch
 
 from captioner.decoding.search import Generation
+from captioner.errors import CaptionerError
+from captioner.serve.checkpoints import ServedModel, load_served_models
 
 log = logging.getLogger(__name__)
 
@@ -43,22 +46,29 @@ class LoadSettings:
 class DecodingProcess:
     """A child process holding the served models; :meth:`caption` is a batcher handler
     ``(checkpoint name, beam), images -> n best captions of each``. Use :meth:`start` and :meth:`close`
-    (or ``with``); one thread at a time may call :meth:`caption` (the batcher's worker)."""
+    (or ``with``); once started, :attr:`models` describes the checkpoints it holds, by name, in the order
+    given. One thread at a time may call :meth:`caption` (the batcher's worker)."""
 
     def __init__(self, settings: LoadSettings):
         context = multiprocessing.get_context("spawn")    # a fresh interpreter: no forked threads or CUDA state
         self._connection, child = context.Pipe()
         self._process = context.Process(target=_child, args=(child, settings), name="captioner-decoder", daemon=True)
         self._child_end = child
+        self.models: dict[str, ServedModel] = {}
 
     def start(self) -> DecodingProcess:
-        """Start the child and wait until its models are loaded; raises RuntimeError if loading failed."""
+        """Start the child and wait until its models are loaded. If loading failed, raises the child's
+        :class:`~captioner.errors.CaptionerError` (a bad checkpoint or override: one line for the user), or
+        a RuntimeError with the child's error for anything else."""
         self._process.start()
         self._child_end.close()
         status, payload = self._receive()
         if status != "ready":
             self.close()
+            if isinstance(payload, CaptionerError):
+                raise payload
             raise RuntimeError(f"the decoding process could not load the models: {payload}")
+        self.models = payload
         return self
 
     @property
@@ -120,10 +130,9 @@ def _from_arrays(beam: tuple[list[int], float, dict[str, np.ndarray]]) -> Genera
 
 
 def _child(connection, settings: LoadSettings) -> None:
-    """The child's loop: load the models, then answer ``(key, images)`` with ``("ok", captions)`` or
-    ``("error", one line)`` until ``None`` or the parent is gone. Ctrl-C reaches the whole process group:
-    the child leaves it to the parent, which stops it."""
-    from captioner.serve.checkpoints import load_served_models
+    """The child's loop: load the models and send ``("ready", their descriptions)``, then answer
+    ``(key, images)`` with ``("ok", captions)`` or ``("error", one line)`` until ``None`` or the parent is gone.
+    Ctrl-C reaches the whole process group: the child leaves it to the parent, which stops it."""
     from captioner.utils import keep_freed_memory, resolve_device
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -131,10 +140,10 @@ def _child(connection, settings: LoadSettings) -> None:
     try:
         models = load_served_models(settings.checkpoints, resolve_device(settings.device), settings.overrides,
                                     beam=settings.beam, max_pixels=settings.max_pixels)
-    except Exception as error:  # the parent reports it
-        connection.send(("error", f"{type(error).__name__}: {error}"))
+    except Exception as error:  # the parent reports it: a user's error as it is, anything else as a line
+        connection.send(("error", error if isinstance(error, CaptionerError) else f"{type(error).__name__}: {error}"))
         return
-    connection.send(("ready", list(models)))
+    connection.send(("ready", {name: served.description() for name, served in models.items()}))
     while True:
         try:
             message = connection.recv()
