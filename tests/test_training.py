@@ -8,7 +8,6 @@ import signal
 import pytest
 import torch
 
-from captioner import inference
 from captioner.checkpoint import load_checkpoint
 from captioner.cli import main
 from captioner.config import save_config
@@ -20,6 +19,7 @@ from captioner.models.captioner import build_model
 from captioner.training import engine
 from captioner.training.engine import train
 from captioner.training.losses import caption_loss
+from captioner.visualisation import attention_figure
 from tests.conftest import tiny_config
 
 
@@ -156,7 +156,7 @@ def test_train_from_cached_features_then_cli_caption_and_evaluate(tiny_coco, tmp
                                  for c in ("red", "green", "blue")]}
     (tmp_path / "instances.json").write_text(json.dumps(instances))
     drawn = {}
-    monkeypatch.setattr(inference, "draw_attention_figure", lambda *a, **k: drawn.update(k) or a[3])
+    monkeypatch.setattr(attention_figure, "draw_attention_figure", lambda *a, **k: drawn.update(k) or a[3])
     assert main(["attend", str(image), "--checkpoint", checkpoint, "--out", str(figure), "--device", "cpu",
                  "--instances", str(tmp_path / "instances.json")]) == 0
     assert len(drawn["boxes"]) == len(capsys.readouterr().out.splitlines()[0].split(": ")[1].split())
