@@ -25,9 +25,13 @@ def resolve_device(name: str = "auto") -> torch.device:
     try:
         device = torch.device(name)
     except RuntimeError:
-        raise CaptionerError(f"run.device: unknown device {name!r} (use auto, cpu, cuda or cuda:N)") from None
+        device = None
+    if device is None or device.type not in ("cpu", "cuda") or (device.type == "cpu" and device.index is not None):
+        raise CaptionerError(f"run.device: unknown device {name!r} (use auto, cpu, cuda or cuda:N)")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise CaptionerError(f"run.device={name}: CUDA is not available on this machine")
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        raise CaptionerError(f"run.device={name}: this machine has {torch.cuda.device_count()} CUDA device(s)")
     return device
 
 

@@ -9,11 +9,13 @@ import errno
 import gzip
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import textwrap
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -130,6 +132,47 @@ def test_crafted_checkpoint_is_refused_and_runs_no_code(tmp_path, capsys):
     (tmp_path / "garbage.pt").write_bytes(b"not a checkpoint at all")
     with pytest.raises(CaptionerError, match="garbage.pt: not a readable checkpoint"):
         load_checkpoint(tmp_path / "garbage.pt")
+
+
+@pytest.mark.parametrize("damage, message", [
+    ("flip", r"damaged: archive/data/\S+ fails its checksum"),       # torch would load it as another model
+    ("truncate", "truncated or damaged"),
+    ("empty", r"file is empty \(0 bytes\)"),
+    ("text", "not a readable checkpoint"),                           # KeyError inside torch's unpickler
+    ("folder", "is a folder, not a checkpoint file"),
+])
+def test_a_damaged_checkpoint_file_is_one_line_naming_it(checkpoint, tmp_path, capsys, damage, message):
+    data = checkpoint.read_bytes()
+    damaged = tmp_path / "damaged.pt"
+    if damage == "flip":
+        with zipfile.ZipFile(checkpoint) as archive:     # the largest weight: flipped bytes inside its data
+            member = max(archive.infolist(), key=lambda info: info.file_size)
+        start = member.header_offset + 30 + len(member.filename) + len(member.extra) + member.file_size // 2
+        data = data[:start] + bytes(b ^ 0xFF for b in data[start:start + 64]) + data[start + 64:]
+        damaged.write_bytes(data)
+    elif damage == "truncate":
+        damaged.write_bytes(data[:len(data) // 2])
+    elif damage == "empty":
+        damaged.write_bytes(b"")
+    elif damage == "text":
+        damaged.write_text("junk\n")
+    else:
+        damaged.mkdir()
+    with pytest.raises(CaptionerError, match=rf"^{re.escape(str(damaged))}: {message}"):
+        load_checkpoint(damaged)
+    image = tmp_path / "image.png"
+    Image.new("RGB", (8, 8)).save(image)
+    assert main(["caption", str(image), "--checkpoint", str(damaged)]) == 1
+    assert len(one_line_errors(capsys.readouterr().err)) == 1
+
+
+def test_a_device_torch_knows_but_this_machine_lacks_is_named_as_the_device(checkpoint, tmp_path, capsys):
+    image = tmp_path / "image.png"
+    Image.new("RGB", (8, 8)).save(image)
+    for device in ("mps", "cpu:3", "cuda:7" if torch.cuda.is_available() else "cuda"):
+        assert main(["caption", str(image), "--checkpoint", str(checkpoint), "--device", device]) == 1
+        (error,) = one_line_errors(capsys.readouterr().err)
+        assert error.startswith(f"captioner: error: run.device") and str(checkpoint) not in error
 
 
 def test_checkpoint_of_another_architecture_or_vocabulary_gives_a_clear_message(checkpoint, tmp_path):
