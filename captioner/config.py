@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
+import functools
 import inspect
 import logging
 import re
@@ -129,18 +130,9 @@ def defaults() -> dict:
     return {name: config[name] for name in ORDER}
 
 
-def _dotted_keys(tree: dict, prefix: str = "") -> list[str]:
-    keys = []
-    for key, value in tree.items():
-        keys.append(prefix + key)
-        if isinstance(value, dict) and value:
-            keys += _dotted_keys(value, f"{prefix}{key}.")
-    return keys
-
-
 def _unknown(key: str, where: str, base: dict, prefix: str) -> CaptionerError:
     dotted = prefix + key
-    known = _dotted_keys(defaults())
+    known = list(_flat_defaults())
     leaf = dotted.rsplit(".", 1)[-1]
     same_leaf = [k for k in known if k.rsplit(".", 1)[-1] == leaf and k != dotted]
     close = same_leaf or difflib.get_close_matches(dotted, known, n=1, cutoff=0.6)
@@ -159,8 +151,70 @@ def _merge(base: dict, update: dict, where: str, prefix: str = "") -> dict:
                 raise CaptionerError(f"{where}: '{prefix}{key}' is a section of settings, not a value")
             _merge(base[key], value, where, f"{prefix}{key}.")
         else:
-            base[key] = value
+            base[key] = _checked(f"{prefix}{key}", value, where)
     return base
+
+
+# The least value of numeric settings that have one (a batch of 0 captions, a beam of 0, no epochs).
+MINIMUM = {
+    "run.seed": 0, "data.vocab_min_count": 1, "data.max_caption_length": 1, "data.num_workers": 0,
+    "data.max_pixels": 1, "train.epochs": 1, "train.batch_size": 1, "train.lr": 0, "train.encoder_lr": 0,
+    "train.weight_decay": 0, "train.grad_clip": 0, "train.warmup_steps": 0, "train.lr_step_epochs": 1,
+    "train.lr_gamma": 0, "train.early_stopping": 0, "train.val_beam": 1, "train.val_max_images": 1,
+    "train.checkpoint_every": 0, "train.log_every": 1, "train.scst_after_epoch": 0, "train.scst_samples": 1,
+    "train.scst_temperature": 0, "train.scst_bleu_weight": 0, "loss.doubly_stochastic": 0,
+    "loss.label_smoothing": 0, "loss.entropy_weight": 0, "loss.baseline_decay": 0, "encoder.image_size": 1,
+    "encoder.fine_tune_blocks": 0, "decode.beam": 1, "decode.max_length": 1, "decode.min_length": 0,
+    "decode.block_ngram": 0, "decode.beam_groups": 1, "decode.diversity": 0, "decode.n_best": 1,
+    "decode.top_k": 0, "decode.top_p": 0,
+}
+# Settings that also take another kind of value than their default's: ``[H, W]`` for a square size.
+ALSO = {"encoder.image_size": list}
+
+
+def _checked(dotted: str, value, where: str):
+    """``value`` for setting ``dotted`` if it is of its default's kind (an int for an int, a number for a float,
+    true/false for a flag, text for text; anything where the default is None) and not below its
+    :data:`MINIMUM`; else a :class:`~captioner.errors.CaptionerError` naming the setting and the value.
+    A number in text for a float setting is read as the number (YAML reads ``1e-4`` as text)."""
+    default = _flat_defaults().get(dotted)
+    if default is None:
+        return value
+    if isinstance(default, float) and isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            pass
+    if isinstance(default, bool):
+        kind, ok = "true or false", isinstance(value, bool)
+    elif isinstance(default, int):
+        kind, ok = "a whole number", isinstance(value, int) and not isinstance(value, bool)
+    elif isinstance(default, float):
+        kind, ok = "a number", isinstance(value, (int, float)) and not isinstance(value, bool)
+    elif isinstance(default, str):
+        kind, ok = "text", isinstance(value, str)
+    else:
+        kind, ok = f"a {type(default).__name__}", isinstance(value, type(default))
+    if not ok and dotted in ALSO and isinstance(value, ALSO[dotted]):
+        return value
+    if not ok:
+        raise CaptionerError(f"{where}: {dotted} must be {kind}, got {value!r}")
+    if dotted in MINIMUM and value < MINIMUM[dotted]:
+        raise CaptionerError(f"{where}: {dotted} must be at least {MINIMUM[dotted]}, got {value!r}")
+    return value
+
+
+@functools.cache
+def _flat_defaults() -> dict:
+    """``{"section.key": default}`` of every setting (a section's own keys included)."""
+    def flatten(tree: dict, prefix: str) -> dict:
+        flat = {}
+        for key, value in tree.items():
+            flat[prefix + key] = value
+            if isinstance(value, dict):
+                flat.update(flatten(value, f"{prefix}{key}."))
+        return flat
+    return flatten(defaults(), "")
 
 
 def parse_override(text: str) -> dict:
@@ -194,6 +248,8 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
             loaded = yaml.safe_load(path.read_text()) or {}
         except OSError as err:
             raise CaptionerError(f"{path}: cannot read config ({err.strerror})") from None
+        except UnicodeDecodeError:
+            raise CaptionerError(f"{path}: not a text (UTF-8) YAML file") from None
         except yaml.YAMLError as err:
             mark = getattr(err, "problem_mark", None)
             where = f" at line {mark.line + 1}" if mark else ""

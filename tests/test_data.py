@@ -2,9 +2,11 @@
 
 import dataclasses
 import json
+import re
 
 import pytest
 import torch
+import yaml
 
 from captioner.config import defaults, load_config, parse_override
 from captioner.data.dataset import CaptionDataset, EpochSampler, collate
@@ -57,6 +59,48 @@ def test_config_overrides_and_unknown_keys(tmp_path):
     path.write_text("model: [unclosed\n")
     with pytest.raises(CaptionerError, match="invalid YAML"):
         load_config(path)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("decode.max_length=abc", "decode.max_length must be a whole number, got 'abc'"),
+    ("decode.beam=", "decode.beam must be a whole number, got None"),
+    ("train.epochs=1.5", "train.epochs must be a whole number, got 1.5"),
+    ("train.epochs.x=3", r"train.epochs must be a whole number, got \{'x': 3\}"),
+    ("train.amp=1", "train.amp must be true or false, got 1"),
+    ("train.lr=abc", "train.lr must be a number, got 'abc'"),
+    ("train.wandb=[1]", r"train.wandb must be text, got \[1\]"),
+    ("train.batch_size=0", "train.batch_size must be at least 1, got 0"),
+    ("decode.beam_groups=0", "decode.beam_groups must be at least 1, got 0"),
+    ("train.lr=-1e-4", "train.lr must be at least 0, got -0.0001"),
+])
+def test_a_setting_of_the_wrong_kind_or_below_its_least_value_is_named(tmp_path, override, message):
+    with pytest.raises(CaptionerError, match=rf"^override '{re.escape(override)}': {message}$"):
+        load_config(None, [override])
+    path = tmp_path / "c.yaml"                       # a config file is checked the same way, naming the file
+    path.write_text(yaml.safe_dump(parse_override(override)))
+    with pytest.raises(CaptionerError, match=rf"^{re.escape(str(path))}: {message}$"):
+        load_config(path)
+
+
+def test_settings_of_their_own_kind_pass_and_none_is_free_where_it_is_the_default():
+    config = load_config(None, ["train.lr=1", "encoder.image_size=[64, 96]", "data.vocab_max_size=100",
+                                "data.vocab_max_size=null", "decode.min_length=0", "encoder.grid=7"])
+    assert config["train"]["lr"] == 1 and config["encoder"]["image_size"] == [64, 96]
+    assert config["data"]["vocab_max_size"] is None and config["encoder"]["grid"] == 7
+
+
+def test_a_config_file_that_is_not_text_is_one_line(tmp_path):
+    path = tmp_path / "binary.yaml"
+    path.write_bytes(b"\xff\xfe\x00model")
+    with pytest.raises(CaptionerError, match=r"binary.yaml: not a text \(UTF-8\) YAML file"):
+        load_config(path)
+
+
+def test_decoding_refuses_a_least_length_above_the_most():
+    from captioner.decoding.search import DecodeConfig
+
+    with pytest.raises(CaptionerError, match=r"decode.min_length \(30\) must not exceed decode.max_length \(20\)"):
+        DecodeConfig(min_length=30, max_length=20).check()
 
 
 def test_each_default_is_written_once_in_the_class_that_reads_it():

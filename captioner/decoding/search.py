@@ -58,6 +58,9 @@ class DecodeConfig:
         if self.beam < 1 or self.beam % self.beam_groups:
             raise CaptionerError(f"decode.beam ({self.beam}) must be a positive multiple of decode.beam_groups "
                              f"({self.beam_groups})")
+        if self.min_length > self.max_length:
+            raise CaptionerError(f"decode.min_length ({self.min_length}) must not exceed decode.max_length "
+                                 f"({self.max_length})")
         if not 1 <= self.n_best <= self.beam:
             raise CaptionerError(f"decode.n_best ({self.n_best}) must be between 1 and decode.beam ({self.beam})")
         if self.method == "sample" and (self.temperature <= 0 or not 0 < self.top_p <= 1 or self.top_k < 0):
