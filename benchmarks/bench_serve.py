@@ -79,7 +79,7 @@ def live_server(checkpoint: Path, options: list[str], threads: int, device: str)
     try:
         url = None
         while url is None:
-            found = re.search(r"Uvicorn running on (http://127\.0\.0\.1:\d+)", lines.get(timeout=300))
+            found = re.search(r"^captioner serve: .* at (http://127\.0\.0\.1:\d+)/", lines.get(timeout=300))
             url = found and found.group(1)
         yield url, server.pid
     finally:

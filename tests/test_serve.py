@@ -6,6 +6,7 @@ import io
 import queue
 import re
 import signal
+import socket
 import struct
 import subprocess
 import sys
@@ -240,9 +241,19 @@ def test_concurrent_requests_get_their_own_answers(client, images):
         assert answer["log_prob"] == pytest.approx(one["log_prob"], abs=1e-4)
 
 
-def test_serve_command_user_errors_are_one_line(tmp_path, capsys):
+def test_serve_command_user_errors_are_one_line(tmp_path, capsys, served_checkpoints):
     assert main(["serve", str(tmp_path / "missing.pt")]) == 1
     assert capsys.readouterr().err.strip() == f"captioner: error: {tmp_path / 'missing.pt'}: checkpoint not found"
+    with socket.socket() as taken:      # the address is checked first, before any model loads
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["serve", str(served_checkpoints["soft"]), "--port", str(port)]) == 1
+    assert capsys.readouterr().err.strip() == f"captioner: error: 127.0.0.1:{port}: cannot listen there (Address already in use)"
+    for option, value in (("--port", "99999"), ("--max-wait-ms", "-5"), ("--max-upload-mb", "0"), ("--max-pixels", "0")):
+        with pytest.raises(SystemExit) as refused:
+            main(["serve", str(served_checkpoints["soft"]), option, value])
+        assert refused.value.code == 2 and f"argument {option}: must be" in capsys.readouterr().err
 
 
 @pytest.mark.slow
@@ -256,7 +267,7 @@ def test_serve_command_serves_the_page_and_the_api_on_loopback(served_checkpoint
         url = None
         while url is None:
             line = lines.get(timeout=120)
-            found = re.search(r"Uvicorn running on (http://127\.0\.0\.1:\d+)", line)
+            found = re.search(r"^captioner serve: .* at (http://127\.0\.0\.1:\d+)/", line)
             url = found and found.group(1)
         with httpx.Client(base_url=url, timeout=60) as http:
             assert "<title>captioner</title>" in http.get("/").text

@@ -14,6 +14,7 @@ not an image, over the pixel limit from the header), then decoded in batches by 
 from __future__ import annotations
 
 import contextlib
+import socket
 import tempfile
 import threading
 from collections.abc import AsyncIterator, Sequence
@@ -31,6 +32,7 @@ from pydantic_core import to_json
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from captioner.decoding.search import Generation
+from captioner.errors import CaptionerError
 from captioner.inference import draw_generation_figure
 from captioner.serve import schemas
 from captioner.serve.batching import Arrival, DynamicBatcher, Timing
@@ -216,17 +218,36 @@ def serve(checkpoints: Sequence[str], *, host: str = "127.0.0.1", port: int = 80
     describe them; ``thread``, in this process's batcher thread."""
     if decode_in not in ("process", "thread"):
         raise ValueError(f"decode_in: expected process or thread, got {decode_in!r}")
-    if decode_in == "process":
-        with DecodingProcess(LoadSettings(list(map(str, checkpoints)), device, list(overrides), beam,
-                                          max_pixels)) as decoding:
-            _run(create_app(decoding.models, max_batch=max_batch, max_wait_ms=max_wait_ms,
-                            max_upload_mb=max_upload_mb, decoding=decoding), host, port)
-    else:
-        models = load_served_models(checkpoints, resolve_device(device), overrides, beam=beam, max_pixels=max_pixels)
-        _run(create_app(models, max_batch=max_batch, max_wait_ms=max_wait_ms, max_upload_mb=max_upload_mb), host, port)
+    listening = _listening_socket(host, port)    # first: a taken port fails before any model loads
+    with listening:
+        if decode_in == "process":
+            with DecodingProcess(LoadSettings(list(map(str, checkpoints)), device, list(overrides), beam,
+                                              max_pixels)) as decoding:
+                _run(create_app(decoding.models, max_batch=max_batch, max_wait_ms=max_wait_ms,
+                                max_upload_mb=max_upload_mb, decoding=decoding), listening)
+        else:
+            models = load_served_models(checkpoints, resolve_device(device), overrides, beam=beam,
+                                        max_pixels=max_pixels)
+            _run(create_app(models, max_batch=max_batch, max_wait_ms=max_wait_ms, max_upload_mb=max_upload_mb),
+                 listening)
 
 
-def _run(app: FastAPI, host: str, port: int) -> None:
-    where = f"at http://{host}:{port}/ (API schema: /openapi.json)" if port else "(uvicorn names the port below)"
-    print(f"captioner serve: {', '.join(app.state.models)} {where}", flush=True)
-    uvicorn.run(app, host=host, port=port, log_level="info")
+def _listening_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host:port`` (port 0: a free one); raises
+    :class:`~captioner.errors.CaptionerError` naming the address when it cannot be had."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listening = socket.socket(family, socket.SOCK_STREAM)
+    listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listening.bind((host, port))
+    except OSError as err:      # taken, not this machine's address, an unknown name
+        listening.close()
+        raise CaptionerError(f"{host}:{port}: cannot listen there ({err.strerror or err})") from None
+    return listening
+
+
+def _run(app: FastAPI, listening: socket.socket) -> None:
+    host, port = listening.getsockname()[:2]
+    url = f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"
+    print(f"captioner serve: {', '.join(app.state.models)} at {url} (API schema: /openapi.json)", flush=True)
+    uvicorn.Server(uvicorn.Config(app, log_level="info")).run(sockets=[listening])
