@@ -47,6 +47,31 @@ def test_train_writes_run_directory(tiny_coco, tmp_path):
         train(tiny_config(tiny_coco, run))
 
 
+def test_overwrite_replaces_a_run_only_once_the_new_one_can_start(tiny_coco, tmp_path):
+    run = tmp_path / "run"
+    train(tiny_config(tiny_coco, run, train={"epochs": 1}))
+    (run / "scores_test.json").write_text("{}")          # what evaluate wrote about the old model
+    before = {name: (run / name).read_bytes() for name in ("last.pt", "best.pt", "metrics.jsonl")}
+    broken = tiny_config(tiny_coco, run, train={"epochs": 1})
+    broken["data"]["captions"]["train"] = str(tmp_path / "missing.json")
+    with pytest.raises(CaptionerError, match="missing.json"):
+        train(broken, overwrite=True)
+    assert {name: (run / name).read_bytes() for name in before} == before     # the old run, untouched
+    result = train(tiny_config(tiny_coco, run, train={"epochs": 1}, run={"seed": 1}), overwrite=True)
+    assert not (run / "scores_test.json").exists()      # it described the replaced model
+    assert (run / "best.pt").read_bytes() != before["best.pt"] and result["step"] == 5
+    assert len((run / "metrics.jsonl").read_text().splitlines()) == len(before["metrics.jsonl"].splitlines())
+
+
+def test_a_run_that_failed_before_its_first_checkpoint_leaves_no_metrics_to_a_new_one(tiny_coco, tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"type": "train", "step": 1}\n')   # no checkpoint was saved
+    train(tiny_config(tiny_coco, run, train={"epochs": 1}))
+    steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert steps == sorted(steps) and steps.count(1) == 1
+
+
 def test_resume_after_epoch_equals_uninterrupted(tiny_coco, tmp_path):
     train(tiny_config(tiny_coco, tmp_path / "full", train={"epochs": 3}))
     train(tiny_config(tiny_coco, tmp_path / "split", train={"epochs": 1}))

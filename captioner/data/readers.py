@@ -121,7 +121,10 @@ def read_split(data_config: dict, split: str) -> list[ImageRecord]:
         captions, images = data_config["captions"], data_config["images"]
         if split not in captions or split not in images:
             raise CaptionerError(f"config: data.captions and data.images need an entry for split '{split}'")
-        return read_coco_captions(captions[split], images[split], split)
+        records = read_coco_captions(captions[split], images[split], split)
+        if not records:
+            raise CaptionerError(f"{captions[split]}: no captioned images in split '{split}'")
+        return records
     if data_config["format"] == "karpathy":
         if not data_config["karpathy"] or not data_config["image_root"]:
             raise CaptionerError("config: data.format=karpathy needs data.karpathy and data.image_root")

@@ -110,20 +110,34 @@ class Run:
 
 
 def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool, world: World) -> None:
-    """Refuse to resume nothing or to replace a run silently; create the folder (rank 0)."""
+    """Refuse to resume nothing or to replace a run silently; create the folder (rank 0). Nothing is removed
+    yet: see :func:`clear_replaced_run`."""
     last = run_dir / "last.pt"
     if resume and not last.exists():
         raise CaptionerError(f"{last}: nothing to resume")
-    if not resume and not overwrite and last.exists():
+    if not resume and not overwrite and (last.exists() or (run_dir / "best.pt").exists()):
         raise CaptionerError(f"{run_dir}: already holds a run; pass --resume to continue it or --overwrite to replace it")
     if world.is_main:
         try:
             run_dir.mkdir(parents=True, exist_ok=True)
         except OSError as err:
             raise CaptionerError(f"{run_dir}: cannot create the run folder ({err.strerror or err})") from None
-        if overwrite and not resume:
-            for name in ("last.pt", "best.pt", "metrics.jsonl"):
-                (run_dir / name).unlink(missing_ok=True)
+    barrier(world)
+
+
+REPLACED_RUN_FILES = ("last.pt", "best.pt", "metrics.jsonl", "captions_*.json", "scores_*.json", "nbest_*.json",
+                      "grounding_*.json", "grounding_references_*.json")
+"""What a new run removes from its folder: the checkpoints and metrics of the run it replaces (or of one
+that failed before its first checkpoint) and the evaluation files that describe that run's model."""
+
+
+def clear_replaced_run(run_dir: Path, world: World) -> None:
+    """Called once a new (not resumed) run's data and model are built, so that a missing file or a bad
+    setting leaves the run it would replace as it was."""
+    if world.is_main:
+        for pattern in REPLACED_RUN_FILES:
+            for path in run_dir.glob(pattern):
+                path.unlink(missing_ok=True)
     barrier(world)
 
 
@@ -465,6 +479,8 @@ def _train(config: dict, world: World, device: torch.device, *, resume: bool, ov
     config, initial = initial_checkpoint(config)
     checkpoint = resumable_checkpoint(config, run_dir / "last.pt") if resume else None
     run = build_run(config, world, device, checkpoint, None if checkpoint else initial)
+    if not resume:
+        clear_replaced_run(run_dir, world)
     state = restore(run, checkpoint) if checkpoint else TrainState()
     if world.is_main:
         save_config(config, run_dir / "config.yaml")
