@@ -89,7 +89,7 @@ def _cmd_evaluate(args) -> int:
                                  overrides=_split_overrides(args), device=args.device, spice=args.spice,
                                  n_best=args.n_best)
     print(json.dumps(scores, indent=2))
-    return 0
+    return _unreadable_exit(scores["unreadable_images"], scores["images"])
 
 
 def _cmd_ground(args) -> int:
@@ -99,7 +99,16 @@ def _cmd_ground(args) -> int:
     grounding = ground_checkpoint(args.checkpoint, args.split, beam_size=args.beam, out_dir=args.out,
                                   overrides=_split_overrides(args), device=args.device, references=args.references)
     print(json.dumps(grounding, indent=2) if args.json else format_grounding(grounding))
-    return 0
+    return _unreadable_exit(grounding["unreadable_images"])
+
+
+def _unreadable_exit(unreadable: list[str], readable: int | None = None) -> int:
+    """1, with a closing line, when images were skipped as unreadable (each named in a warning), else 0."""
+    if not unreadable:
+        return 0
+    rest = f"; the results cover the other {readable}" if readable is not None else "; the results cover the others"
+    print(f"captioner: {len(unreadable)} unreadable image(s) skipped (named above){rest}", file=sys.stderr)
+    return 1
 
 
 def _load(args):
@@ -172,6 +181,34 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0, not {value}")
+    return value
+
+
+def _port(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port number from 0 (any free port) to 65535, not {value}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    value = float(text)
+    if not value >= 0:      # NaN too
+        raise argparse.ArgumentTypeError(f"must be at least 0, not {text}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0, not {text}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="captioner", description="Show, Attend and Tell image captioning.")
     parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
@@ -202,7 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
     cache.add_argument("overrides", nargs="*", metavar="section.key=value", help="overrides of the config")
     cache.add_argument("--splits", nargs="+", default=["train", "val", "test"])
     cache.add_argument("--out", help="cache folder (default: data.features)")
-    cache.add_argument("--batch-size", type=int, default=32)
+    cache.add_argument("--batch-size", type=_positive_int, default=32)
     cache.add_argument("--dtype", choices=["float16", "float32"], default="float16",
                        help="precision of the stored features (float16 halves the disk and page-cache footprint)")
     cache.set_defaults(func=_cmd_cache_features)
@@ -257,7 +294,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "log-probabilities (default: the config's decode.n_best, 1)")
     caption.add_argument("--json", action="store_true", help="one JSON object per line (with per-word attention)")
     caption.add_argument("--device", default="auto")
-    caption.add_argument("--max-pixels", type=int, default=None, help="refuse larger images before decoding them "
+    caption.add_argument("--max-pixels", type=_positive_int, default=None, help="refuse larger images before decoding them "
                        "(default: the checkpoint's data.max_pixels, 64 megapixels)")
     caption.set_defaults(func=_cmd_caption)
 
@@ -271,16 +308,19 @@ def build_parser() -> argparse.ArgumentParser:
                         help="overrides of the checkpoint's config, e.g. decode.max_length=16")
     attend.add_argument("--beam", type=int, default=None, help="beam size (default: the config's decode.beam)")
     attend.add_argument("--device", default="auto")
-    attend.add_argument("--max-pixels", type=int, default=None, help="refuse larger images before decoding them "
+    attend.add_argument("--max-pixels", type=_positive_int, default=None, help="refuse larger images before decoding them "
                        "(default: the checkpoint's data.max_pixels, 64 megapixels)")
     attend.set_defaults(func=_cmd_attend)
 
     compare = sub.add_parser("compare", help="report comparing runs: metrics, curves, attention statistics, figures")
-    compare.add_argument("runs", nargs="+", help="run directories (with best.pt or last.pt)")
+    compare.add_argument("runs", nargs="+", help="run directories (with best.pt or last.pt); a run whose "
+                         "scores_SPLIT.json is not its checkpoint's with these decode settings is evaluated again, "
+                         "which writes captions_SPLIT.json and scores_SPLIT.json into its folder as evaluate does")
     compare.add_argument("--out", required=True, help="folder for report.md, report.html and the PNGs")
     compare.add_argument("--split", default="test")
     compare.add_argument("--beam", type=int, default=None, help="beam size (default: each run's decode.beam)")
-    compare.add_argument("--images", type=int, default=3, help="test images shown for every run")
+    compare.add_argument("--images", type=_non_negative_int, default=3,
+                         help="images of the split captioned by every run, with attention figures (0: none)")
     compare.set_defaults(func=_cmd_compare)
 
     serve = sub.add_parser("serve", help="a web page and JSON API: caption uploaded images, explore attention word by word")
@@ -288,15 +328,15 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("overrides", nargs="*", metavar="section.key=value",
                        help="overrides of every checkpoint's config, e.g. decode.max_length=16")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: this machine only)")
-    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--port", type=_port, default=8000)
     serve.add_argument("--beam", type=_positive_int, default=None, help="beam size when a request names none "
                        "(default: each config's decode.beam)")
     serve.add_argument("--device", default="auto")
     serve.add_argument("--max-batch", type=_positive_int, default=16, help="most images decoded as one batch")
-    serve.add_argument("--max-wait-ms", type=float, default=10.0,
+    serve.add_argument("--max-wait-ms", type=_non_negative_float, default=10.0,
                        help="longest a request waits for others to join its batch")
-    serve.add_argument("--max-upload-mb", type=float, default=20.0, help="larger uploads are refused (413)")
-    serve.add_argument("--max-pixels", type=int, default=None, help="refuse larger images before decoding them "
+    serve.add_argument("--max-upload-mb", type=_positive_float, default=20.0, help="larger uploads are refused (413)")
+    serve.add_argument("--max-pixels", type=_positive_int, default=None, help="refuse larger images before decoding them "
                        "(default: each checkpoint's data.max_pixels, 64 megapixels)")
     serve.add_argument("--decode-in", choices=("process", "thread"), default="process",
                        help="process (default): the models decode in a child process of their own, so that decoding "

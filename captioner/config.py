@@ -32,6 +32,7 @@ from captioner.decoding.search import DecodeConfig
 from captioner.errors import CaptionerError
 from captioner.models.captioner import DECODER_DATA_FIELDS, DECODERS
 from captioner.models.encoder import EncoderConfig
+from captioner.utils import write_file
 
 log = logging.getLogger(__name__)
 
@@ -316,7 +317,7 @@ def complete(config: dict) -> dict:
 
 
 def save_config(config: dict, path: str | Path) -> None:
-    Path(path).write_text(yaml.safe_dump(config, sort_keys=False))
+    write_file(path, yaml.safe_dump(config, sort_keys=False))
 
 
 def _comments(source: str, pattern: str) -> dict[str, str]:

@@ -41,7 +41,7 @@ from captioner.errors import CaptionerError
 from captioner.evaluation.evaluate import evaluate_checkpoint
 from captioner.inference import attend_file
 from captioner.training.engine import train
-from captioner.utils import LOG_FORMAT, keep_freed_memory, usable_cores
+from captioner.utils import LOG_FORMAT, keep_freed_memory, usable_cores, write_file
 from captioner.visualisation.report import write_report
 
 DEMO_RUNS = ("soft", "none", "hard", "transformer", "soft_scst")
@@ -169,7 +169,7 @@ def run_demo(out: Path, data_dir: Path, fast: bool = False, runs: tuple[str, ...
     report = write_report([out / name for name in summary["runs"]], out / "report", stats_images=100)
     summary["report"] = report["html"]
     summary["total_seconds"] = round(time.perf_counter() - started, 1)
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    write_file(out / "summary.json", json.dumps(summary, indent=2))
     print_summary(summary)
     print(f"\nwrote {out / 'summary.json'}")
     return summary

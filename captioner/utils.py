@@ -1,4 +1,5 @@
-"""Small helpers: device choice, usable cores, seeding, random-state capture, JSON reading, atomic file writes."""
+"""Small helpers: device choice, usable cores, seeding, random-state capture, JSON reading, atomic file writes,
+file digests."""
 
 from __future__ import annotations
 
@@ -6,9 +7,12 @@ import ctypes
 import ctypes.util
 import json
 import os
+import hashlib
 import random
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
 import torch
 
@@ -81,6 +85,33 @@ def atomic_write(path: str | Path, write) -> None:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+def write_file(path: str | Path, content: str | bytes | Callable[[BinaryIO], object]) -> Path:
+    """Write an output file atomically (:func:`atomic_write`): ``content`` as UTF-8 text, bytes, or written by
+    ``content(binary_file)``. A failed write (a full disk, a folder that cannot be written) is a
+    :class:`~captioner.errors.CaptionerError` naming the file; the file as it was stays."""
+    path = Path(path)
+    if isinstance(content, str):
+        content = content.encode("utf-8")
+    write = (lambda handle: handle.write(content)) if isinstance(content, bytes) else content
+    try:
+        atomic_write(path, write)
+    except (FileExistsError, NotADirectoryError):
+        folder = next(parent for parent in path.parents if parent.exists())
+        raise CaptionerError(f"{path}: cannot write: {folder} is a file, not a folder") from None
+    except OSError as err:
+        raise CaptionerError(f"{path}: cannot write ({err.strerror or err}); the file as it was is unchanged") from None
+    return path
+
+
+def file_sha256(path: str | Path) -> str:
+    """The SHA-256 of a file's bytes, as hex digits."""
+    digest = hashlib.sha256()
+    with Path(path).open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def read_json(path: str | Path) -> object:

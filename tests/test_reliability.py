@@ -33,6 +33,7 @@ from captioner.inference import caption_files
 from captioner.models.captioner import build_model
 from captioner.training import engine
 from captioner.training.engine import train
+from captioner.utils import write_file
 from tests.conftest import tiny_config
 from tests.test_images import png_header_only
 
@@ -91,6 +92,30 @@ def test_cli_captions_good_images_and_names_each_bad_one(checkpoint, tmp_path, c
     code = main(["caption", str(tmp_path / "rgb.png"), "--checkpoint", str(checkpoint), "--max-pixels", "1000"])
     errors = one_line_errors(capsys.readouterr().err)
     assert code == 1 and len(errors) == 1 and "over the limit of 1000 pixels" in errors[0]
+
+
+def test_evaluate_names_each_unreadable_image_scores_the_rest_and_exits_1(checkpoint, tiny_coco, tmp_path, capsys, caplog):
+    data = tmp_path / "data"
+    shutil.copytree(tiny_coco, data)
+    (data / "images" / "test" / "300.png").write_text("broken")
+    (data / "images" / "test" / "301.png").unlink()
+    images = f"data.images.test={data / 'images'}"
+    capsys.readouterr()
+    assert main(["evaluate", str(checkpoint), "--split", "test", "--out", str(tmp_path / "eval"), images]) == 1
+    out = capsys.readouterr()
+    scores = json.loads((tmp_path / "eval" / "scores_test.json").read_text())
+    assert scores["images"] == 4 and sorted(map(Path, scores["unreadable_images"])) == [
+        data / "images" / "test" / "300.png", data / "images" / "test" / "301.png"]
+    assert "Traceback" not in out.err and "2 unreadable image(s) skipped" in out.err
+    assert sum("skipped unreadable image" in r.getMessage() and "/test/30" in r.getMessage() for r in caplog.records) == 2
+    for name in ("302.png", "303.png", "304.png", "305.png"):
+        (data / "images" / "test" / name).unlink()
+    assert main(["evaluate", str(checkpoint), "--split", "test", "--out", str(tmp_path / "eval"), images]) == 1
+    (error,) = one_line_errors(capsys.readouterr().err)
+    assert "no image of split 'test' could be read (6 unreadable" in error
+    assert main(["ground", str(checkpoint), "--split", "test", f"data.instances.test={tmp_path / 'nowhere.json'}"]) == 1
+    (error,) = one_line_errors(capsys.readouterr().err)
+    assert error == f"captioner: error: {tmp_path / 'nowhere.json'}: instances file not found (data.instances)"
 
 
 def test_unreadable_training_images_are_skipped_and_listed_or_fatal_with_strict(tiny_coco, tmp_path, capsys):
@@ -297,6 +322,38 @@ def test_full_disk_gives_one_line_and_leaves_earlier_checkpoints_intact(tiny_coc
     monkeypatch.setattr(torch, "save", real_save)
     assert {name: (tmp_path / "run" / name).read_bytes() for name in before} == before
     assert not list((tmp_path / "run").glob("*.tmp")) and not list((tmp_path / "run").glob(".*.tmp"))
+
+
+def test_an_output_that_cannot_be_written_is_one_line_and_the_old_file_stays(checkpoint, tmp_path, capsys, monkeypatch):
+    image = tmp_path / "image.png"
+    Image.new("RGB", (32, 32), "red").save(image)
+    figure = tmp_path / "fig.png"
+    assert main(["attend", str(image), "--checkpoint", str(checkpoint), "--out", str(figure)]) == 0
+    good = figure.read_bytes()
+
+    def disk_fills(handle):
+        handle.write(good[:100])
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    with pytest.raises(CaptionerError, match=rf"^{re.escape(str(figure))}: cannot write \(No space left on device\)"):
+        write_file(figure, disk_fills)
+    assert figure.read_bytes() == good and [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+    capsys.readouterr()
+    assert main(["attend", str(image), "--checkpoint", str(checkpoint), "--out", str(image / "fig.png")]) == 1
+    (error,) = one_line_errors(capsys.readouterr().err)
+    assert error.endswith(f"{image} is a file, not a folder")
+    assert main(["evaluate", str(checkpoint), "--out", str(image)]) == 1
+    (error,) = one_line_errors(capsys.readouterr().err)
+    assert error == f"captioner: error: {image}: is a file, not a folder"
+
+
+def test_a_resumed_run_does_not_write_onto_a_torn_metrics_line(tmp_path):
+    from captioner.training.run_io import MetricsLogger
+
+    (tmp_path / "metrics.jsonl").write_text('{"type": "train", "step": 1}\n{"type": "tra')   # killed mid-write
+    MetricsLogger(tmp_path, {}, "disabled").log({"type": "train", "step": 2})
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == [1, 2]
 
 
 def test_unwritable_run_folder_is_one_clear_line(tiny_coco, tmp_path, capsys):

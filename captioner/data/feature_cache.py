@@ -26,7 +26,7 @@ from captioner.data.images import image_transform, load_image
 from captioner.data.readers import ImageRecord, read_split
 from captioner.errors import CaptionerError, ImageError
 from captioner.models.encoder import EncoderConfig, build_encoder
-from captioner.utils import resolve_device
+from captioner.utils import resolve_device, write_file
 
 PENDING, WRITTEN, FAILED = 0, 1, 2
 
@@ -98,7 +98,7 @@ def build_feature_cache(encoder, records: Sequence[ImageRecord], out_dir: str | 
             status[rows] = WRITTEN  # marked only after the rows are on disk
             status.flush()
             if bad:
-                failed_path.write_text(json.dumps(failed, indent=1))
+                write_file(failed_path, json.dumps(failed, indent=1))
             bar.update(len(indices) + len(bad))
             bar.set_postfix(failed=len(failed))
     bar.close()
@@ -134,7 +134,7 @@ def _open_cache(out_dir: Path, meta: dict, shape: tuple[int, int, int]):
         return np.load(features_path, mmap_mode="r+"), np.load(status_path, mmap_mode="r+"), failed
     features = np.lib.format.open_memmap(features_path, mode="w+", dtype=np.dtype(meta["dtype"]), shape=shape)
     status = np.lib.format.open_memmap(status_path, mode="w+", dtype=np.uint8, shape=(shape[0],))
-    meta_path.write_text(json.dumps(meta))
+    write_file(meta_path, json.dumps(meta))
     return features, status, {}
 
 

@@ -38,6 +38,7 @@ from pycocoevalcap.tokenizer import ptbtokenizer
 
 from captioner.data.text import tokenize
 from captioner.errors import CaptionerError
+from captioner.utils import write_file
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +107,7 @@ def score_captions(references: Mapping[int, list[str]], candidates: Mapping[int,
 def write_coco_results(candidates: Mapping[int, str], path: str | os.PathLike[str]) -> None:
     """Write ``candidates`` as a COCO results file: ``[{"image_id": int, "caption": str}, ...]`` by image id."""
     results = [{"image_id": int(image_id), "caption": str(candidates[image_id])} for image_id in sorted(candidates)]
-    Path(path).write_text(json.dumps(results, ensure_ascii=False), encoding="utf-8")
+    write_file(path, json.dumps(results, ensure_ascii=False))
 
 
 def ptb_tokenize(texts: list[str], *, java: str | None = None) -> list[str]:

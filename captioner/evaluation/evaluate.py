@@ -16,7 +16,7 @@ from captioner.errors import CaptionerError
 from captioner.evaluation.attention_stats import attention_statistics
 from captioner.evaluation.caption_metrics import score_captions, write_coco_results
 from captioner.evaluation.diversity import diversity_measures
-from captioner.evaluation.generate import caption_texts, generate_captions, read_references
+from captioner.evaluation.generate import caption_texts, generate_captions, read_references, unreadable_images
 from captioner.evaluation.grounding import (
     ShapesTargets,
     ground,
@@ -24,7 +24,7 @@ from captioner.evaluation.grounding import (
     load_targets,
 )
 from captioner.evaluation.shapes_metrics import shapes_scores
-from captioner.utils import resolve_device
+from captioner.utils import file_sha256, resolve_device, write_file
 
 log = logging.getLogger(__name__)
 
@@ -47,11 +47,18 @@ def decode_split(checkpoints: str | Path | Sequence[str | Path], split: str, *, 
     return model, vocab, config, dataset, generations, settings
 
 
-def _targets(config: dict, split: str):
+def _targets(config: dict, split: str, required: bool = False):
     """``(targets, image_sizes)`` of ``split`` from the config's ``data.instances`` file (shapes objects or
-    COCO categories, see :func:`~captioner.evaluation.grounding.load_targets`), or ``(None, {})``."""
+    COCO categories, see :func:`~captioner.evaluation.grounding.load_targets`), or ``(None, {})`` when it
+    names none, or (unless ``required``) names one that is not there, with a warning."""
     instances = (config["data"].get("instances") or {}).get(split)
-    targets = load_targets(instances)
+    try:
+        targets = load_targets(instances)
+    except CaptionerError as err:
+        if required or Path(instances).is_file():
+            raise
+        log.warning("%s; no shapes measures or grounding", err)
+        return None, {}
     return targets, (load_image_sizes(instances) if targets is not None else {})
 
 
@@ -69,23 +76,42 @@ def evaluate_checkpoint(checkpoints: str | Path | Sequence[str | Path], split: s
     shapes data object precision and relation accuracy; wherever the config names an instances file for the
     split (shapes or COCO), attention grounding (``pointing_accuracy`` and the ``grounding`` breakdown) of the
     images the file holds."""
+    refuse_file_as_folder(out_dir)
     model, vocab, config, dataset, generations, settings = decode_split(
         checkpoints, split, beam_size=beam_size, overrides=overrides, device=device, progress=progress, n_best=n_best)
     texts = caption_texts(generations, vocab)
+    unreadable = readable_or_refuse(dataset, generations, split)
     scores = score_captions({r.image_id: r.captions for r in dataset.records}, texts, spice=spice)
-    scores.update(images=len(texts), beam=settings.beam, decode=asdict(settings), diversity=diversity_measures(texts))
+    paths = [checkpoints] if isinstance(checkpoints, (str, Path)) else list(checkpoints)
+    scores.update(images=len(texts), unreadable_images=unreadable, beam=settings.beam, decode=asdict(settings),
+                  checkpoint_sha256=[file_sha256(path) for path in paths], overrides=list(overrides),
+                  diversity=diversity_measures(texts))
     scores.update(_attention_scores(generations, vocab, config, split, tuple(model.encoder.grid), texts))
-    first = Path(checkpoints if isinstance(checkpoints, (str, Path)) else checkpoints[0])
-    out_dir = Path(out_dir) if out_dir else first.parent
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = Path(out_dir) if out_dir else Path(paths[0]).parent
     write_coco_results(texts, out_dir / f"captions_{split}.json")
-    (out_dir / f"scores_{split}.json").write_text(json.dumps(scores, indent=2))
+    write_file(out_dir / f"scores_{split}.json", json.dumps(scores, indent=2))
     if settings.n_best > 1:
         nbest = [{"image_id": image_id, "beams": [{"caption": vocab.decode(b.tokens), "log_prob": b.log_prob}
                                                   for b in generation.beams]}
                  for image_id, generation in generations.items()]
-        (out_dir / f"nbest_{split}.json").write_text(json.dumps(nbest, indent=1))
+        write_file(out_dir / f"nbest_{split}.json", json.dumps(nbest, indent=1))
     return scores
+
+
+def refuse_file_as_folder(out_dir: str | Path | None) -> None:
+    """Fail before decoding, not after, when the output folder named is an existing file."""
+    if out_dir is not None and Path(out_dir).exists() and not Path(out_dir).is_dir():
+        raise CaptionerError(f"{out_dir}: is a file, not a folder")
+
+
+def readable_or_refuse(dataset: CaptionDataset, decoded, split: str) -> list[str]:
+    """The unreadable image files of ``dataset`` (each named in a warning as it was skipped); raises
+    :class:`~captioner.errors.CaptionerError` when no image of ``split`` could be read."""
+    unreadable = unreadable_images(dataset, decoded)
+    if unreadable and len(unreadable) == len(dataset.records):
+        raise CaptionerError(f"{unreadable[0]}: no image of split '{split}' could be read ({len(unreadable)} "
+                             "unreadable: is data.images right?)")
+    return unreadable
 
 
 def _attention_scores(generations, vocab, config: dict, split: str, grid: tuple[int, int], texts: dict) -> dict:
@@ -113,23 +139,26 @@ def ground_checkpoint(checkpoint: str | Path, split: str = "test", *, beam_size:
     it reads the split's reference captions) against the instances file its config names (``data.instances``:
     shapes boxes or COCO masks); writes ``grounding_{split}.json`` (``grounding_references_{split}.json``) into
     ``out_dir`` (default: the checkpoint's folder)."""
+    refuse_file_as_folder(out_dir)
     if references:
         model, vocab, config = load_models(checkpoint, resolve_device(device), overrides)
         pairs = make_dataset(config, read_split(config["data"], split), vocab, model.encoder, pairs=True,
                              whole_cache_only=True)
         generations = read_references(model, pairs)
+        unreadable = readable_or_refuse(pairs, {image_id for image_id, _ in generations}, split)
     else:
-        model, vocab, config, _, generations, _ = decode_split(
+        model, vocab, config, dataset, generations, _ = decode_split(
             checkpoint, split, beam_size=beam_size, overrides=overrides, device=device, progress=progress)
-    targets, image_sizes = _targets(config, split)
+        unreadable = readable_or_refuse(dataset, generations, split)
+    targets, image_sizes = _targets(config, split, required=True)
     if targets is None:
         raise CaptionerError(f"{checkpoint}: its config names no instances file for split '{split}' "
                              "(data.instances), so there are no objects to ground words in")
     grounding = ground(generations, vocab, targets, image_sizes, tuple(model.encoder.grid))
     if grounding is None:
         raise CaptionerError(f"{checkpoint}: this decoder reports no attention maps (model.lstm.attention=none)")
+    grounding["unreadable_images"] = unreadable
     out_dir = Path(out_dir) if out_dir else Path(checkpoint).parent
-    out_dir.mkdir(parents=True, exist_ok=True)
     name = f"grounding_references_{split}.json" if references else f"grounding_{split}.json"
-    (out_dir / name).write_text(json.dumps(grounding, indent=2))
+    write_file(out_dir / name, json.dumps(grounding, indent=2))
     return grounding

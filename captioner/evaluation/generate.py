@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 
 import torch
@@ -12,12 +13,15 @@ from captioner.data.dataset import CaptionDataset, collate, visual_inputs
 from captioner.data.vocabulary import Vocabulary
 from captioner.decoding.search import DecodeConfig, Generation, decode
 
+log = logging.getLogger(__name__)
+
 
 def generate_captions(model, dataset: CaptionDataset, vocab: Vocabulary, settings: DecodeConfig, *, batch_size: int = 64,
                       max_images: int | None = None, progress: bool = False,
                       shard: tuple[int, int] = (0, 1)) -> dict[int, Generation]:
     """``{image_id: Generation}`` for the images of ``dataset`` (built with ``pairs=False``); with
-    ``shard = (rank, world_size)`` only every ``world_size``-th of them, from the ``rank``-th on."""
+    ``shard = (rank, world_size)`` only every ``world_size``-th of them, from the ``rank``-th on. An unreadable
+    image is left out with a warning naming it (see :func:`unreadable_images`)."""
     indices = range(len(dataset)) if max_images is None else range(min(max_images, len(dataset)))
     rank, world_size = shard
     loader = DataLoader(torch.utils.data.Subset(dataset, list(indices)[rank::world_size]), batch_size=batch_size,
@@ -27,12 +31,19 @@ def generate_captions(model, dataset: CaptionDataset, vocab: Vocabulary, setting
     out: dict[int, Generation] = {}
     with torch.inference_mode():
         for batch in tqdm(loader, desc="decoding", unit="batch", disable=not progress, leave=False):
+            for message in batch["errors"]:
+                log.warning("skipped unreadable image: %s", message)
             if batch["size"] == 0:
                 continue
             generations = decode(model.decoder, model.regions(**visual_inputs(batch, device)), vocab, settings,
                                  images=batch["image_id"])
             out.update(zip(batch["image_id"], generations))
     return out
+
+
+def unreadable_images(dataset: CaptionDataset, decoded: Mapping[int, object] | set[int]) -> list[str]:
+    """The files of ``dataset``'s images that were not ``decoded`` (``{image_id: ...}``): unreadable ones."""
+    return [str(record.path) for record in dataset.records if record.image_id not in decoded]
 
 
 def read_references(model, dataset: CaptionDataset, *, batch_size: int = 64) -> list[tuple[int, Generation]]:
@@ -45,6 +56,8 @@ def read_references(model, dataset: CaptionDataset, *, batch_size: int = 64) -> 
     out = []
     with torch.inference_mode():
         for batch in loader:
+            for message in batch["errors"]:
+                log.warning("skipped unreadable image: %s", message)
             if batch["size"] == 0:
                 continue
             captions = batch["captions"].to(device)

@@ -139,9 +139,11 @@ class CocoTargets:
         try:
             with contextlib.redirect_stdout(io.StringIO()):  # pycocotools prints its progress
                 self.coco = COCO(str(instances_file))
-        except (OSError, ValueError, KeyError, TypeError) as err:
+            self.category_ids = {c["name"]: c["id"] for c in self.coco.loadCats(self.coco.getCatIds())}
+        except KeyError as err:      # a captions file, say: no 'categories'
+            raise CaptionerError(f"{instances_file}: not a COCO instances file (no {err})") from None
+        except (OSError, ValueError, TypeError) as err:
             raise CaptionerError(f"{instances_file}: not a readable COCO instances file ({err})") from None
-        self.category_ids = {c["name"]: c["id"] for c in self.coco.loadCats(self.coco.getCatIds())}
         self._cache: dict[tuple[int, str], Target] = {}
 
     def __contains__(self, image_id: int) -> bool:
@@ -181,9 +183,12 @@ class CocoTargets:
 
 def load_targets(instances_file: str | Path) -> ShapesTargets | CocoTargets | None:
     """The targets of an instances file: shapes objects when its annotations carry colours, else COCO
-    categories; None when the file is missing."""
-    if not instances_file or not Path(instances_file).exists():
+    categories; None when no file is named. A named file that is not there is a
+    :class:`~captioner.errors.CaptionerError`."""
+    if not instances_file:
         return None
+    if not Path(instances_file).is_file():
+        raise CaptionerError(f"{instances_file}: instances file not found (data.instances)")
     objects = load_shapes_objects(instances_file)
     return ShapesTargets(objects) if objects else CocoTargets(instances_file)
 

@@ -19,6 +19,8 @@ class MetricsLogger:
     def __init__(self, run_dir: Path, config: dict, wandb_mode: str, enabled: bool = True):
         self.path = run_dir / "metrics.jsonl"
         self.enabled = enabled
+        if enabled:
+            self._drop_partial_last_line()
         self.wandb = None
         if enabled and wandb_mode != "disabled":
             import wandb  # imported only when used: it takes seconds and starts background threads
@@ -26,6 +28,19 @@ class MetricsLogger:
             os.environ.setdefault("WANDB_SILENT", "true")
             self.wandb = wandb.init(project="captioner", dir=str(run_dir), config=config, mode=wandb_mode,
                                     name=run_dir.name, reinit="finish_previous")
+
+    def _drop_partial_last_line(self) -> None:
+        """A run killed while writing a record (or stopped by a full disk) leaves a line without its newline;
+        a resumed run would write its first record onto it. Cut it off."""
+        if not self.path.exists():
+            return
+        data = self.path.read_bytes()
+        if data and not data.endswith(b"\n"):
+            keep = data.rfind(b"\n") + 1
+            log.warning("%s: dropped a partial last line (%d bytes) left by a run that stopped while writing it",
+                        self.path, len(data) - keep)
+            with self.path.open("r+b") as handle:
+                handle.truncate(keep)
 
     def log(self, record: dict) -> None:
         if not self.enabled:

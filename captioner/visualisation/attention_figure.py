@@ -22,6 +22,7 @@ from matplotlib.patches import Patch, Rectangle
 from PIL import Image
 
 from captioner.data.images import to_rgb
+from captioner.utils import write_file
 
 BLUR_SIGMA_PER_CELL = 0.3
 """Standard deviation of the smoothing blur, as a fraction of one grid cell (per axis)."""
@@ -135,10 +136,7 @@ def draw_attention_figure(image: Image.Image, words: Sequence[str], attention: n
     _legend(figure, chosen is not None, boxes is not None)
     if title:
         figure.suptitle(title, fontsize=12, parse_math=False)
-    out_path = Path(out_path)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(out_path, format="png", bbox_inches="tight", pad_inches=0.1)
-    return out_path
+    return write_file(out_path, lambda handle: figure.savefig(handle, format="png", bbox_inches="tight", pad_inches=0.1))
 
 
 def _checked_maps(words, attention, chosen, boxes, columns) -> tuple[np.ndarray, np.ndarray | None]:

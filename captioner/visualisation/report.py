@@ -2,10 +2,18 @@
 self-contained HTML page with the images embedded).
 
 For each run directory (``config.yaml``, ``metrics.jsonl``, ``best.pt`` or ``last.pt``, and the
-``scores_{split}.json`` written by ``captioner evaluate``, computed here when missing) the report gives:
-a metrics table (BLEU-1..4, METEOR, ROUGE-L, CIDEr, training time, parameters, words/s), learning
-curves on shared axes, attention statistics (mean entropy of alpha per word, histogram of the coverage
-``sum_t alpha_ti``) and the same test images captioned by every run with their attention figures.
+``scores_{split}.json`` written by ``captioner evaluate``) the report gives: a metrics table (BLEU-1..4,
+METEOR, ROUGE-L, CIDEr, training time, parameters, words/s), learning curves on shared axes, attention
+statistics (mean entropy of alpha per word, histogram of the coverage ``sum_t alpha_ti``) and the same test
+images captioned by every run with their attention figures. Each run is named by its folder, or by as many
+of its path's last components as it takes to tell it from the others (``a/run``, ``b/run``).
+
+A run's ``scores_{split}.json`` is a cache: it is used only when it names the run's checkpoint by its SHA-256
+(``checkpoint_sha256``), no config overrides (``overrides``) and the decode settings of this report
+(``decode``); otherwise (missing, damaged, made by another checkpoint, beam or settings, or written by a
+``captioner evaluate`` that does not record these fields) the run is evaluated again, which writes
+``captions_{split}.json`` and ``scores_{split}.json`` into the run folder as ``captioner evaluate`` does.
+Everything else goes into the report folder.
 """
 
 from __future__ import annotations
@@ -13,6 +21,10 @@ from __future__ import annotations
 import base64
 import html
 import json
+import logging
+import os
+import re
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +38,9 @@ from captioner.evaluation.attention_stats import attention_statistics
 from captioner.evaluation.evaluate import evaluate_checkpoint, split_dataset
 from captioner.evaluation.generate import generate_captions
 from captioner.inference import attend_file
+from captioner.utils import file_sha256, write_file
+
+log = logging.getLogger(__name__)
 
 TABLE_COLUMNS = ("BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "METEOR", "ROUGE-L", "CIDEr", "object_precision",
                  "relation_accuracy", "pointing_accuracy", "train_seconds", "parameters", "words_per_s")
@@ -38,31 +53,82 @@ def _checkpoint_of(run_dir: Path) -> Path:
     raise CaptionerError(f"{run_dir}: no best.pt or last.pt (is it a run directory?)")
 
 
+def _json_error(path: Path, text: bytes, err: ValueError, first_line: int = 1) -> str:
+    """``FILE: line N is not JSON (why)`` for ``err`` (a JSONDecodeError or UnicodeDecodeError) raised parsing
+    ``text``, which starts at line ``first_line`` of ``path``."""
+    if isinstance(err, json.JSONDecodeError):
+        line, why = first_line + err.lineno - 1, f"column {err.colno}: {err.msg}"
+    else:
+        line, why = first_line + text.count(b"\n", 0, err.start), f"not UTF-8: {err.reason}"
+    return f"{path}: line {line} is not JSON ({why})"
+
+
 def _read_metrics(run_dir: Path) -> list[dict]:
+    """The records of the run's ``metrics.jsonl`` (none without one). A last line that is not JSON, what a run
+    killed while writing it or a full disk leaves, is skipped with a warning; any other bad line is an error."""
     path = run_dir / "metrics.jsonl"
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    lines = path.read_bytes().split(b"\n")
+    last = max((number for number, line in enumerate(lines, 1) if line.strip()), default=0)
+    records = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError as err:
+            if number != last:
+                raise CaptionerError(_json_error(path, line, err, number)) from None
+            log.warning("%s: skipped, a partial last line (the run stopped while writing it)",
+                        _json_error(path, line, err, number))
+            continue
+        if not isinstance(record, dict):
+            raise CaptionerError(f"{path}: line {number} is not a JSON object")
+        records.append(record)
+    return records
 
 
-def collect_run(run_dir: Path, split: str, beam_size: int | None, stats_images: int) -> dict:
-    """Everything the report shows about one run; ``beam_size`` None: the run's own ``decode.beam``."""
+def _stored_scores(path: Path, checkpoint: Path, settings: DecodeConfig) -> dict | None:
+    """The scores in ``path`` (a ``scores_{split}.json`` of ``captioner evaluate``) when they provably are those
+    of ``checkpoint`` alone (``checkpoint_sha256``), without config overrides (``overrides``) and decoded with
+    ``settings`` (``decode``); None when the file is missing, damaged (with a warning) or made otherwise."""
+    if not path.exists():
+        return None
+    text = path.read_bytes()
+    try:
+        scores = json.loads(text)
+    except ValueError as err:
+        log.warning("%s; evaluating the run again", _json_error(path, text, err))
+        return None
+    if (isinstance(scores, dict) and scores.get("overrides") == [] and scores.get("decode") == asdict(settings)
+            and scores.get("checkpoint_sha256") == [file_sha256(checkpoint)]):
+        return scores
+    log.info("%s: not known to be the scores of %s with beam %d and these decode settings; evaluating the run again",
+             path, checkpoint, settings.beam)
+    return None
+
+
+def collect_run(run_dir: Path, name: str, split: str, beam_size: int | None, stats_images: int) -> dict:
+    """Everything the report shows about one run, called ``name`` in it; ``beam_size`` None: the run's own
+    ``decode.beam``. Evaluates the run on ``split`` unless its ``scores_{split}.json`` is this checkpoint's with
+    these settings (see the module's docstring)."""
     checkpoint = _checkpoint_of(run_dir)
-    scores_path = run_dir / f"scores_{split}.json"
-    scores = (json.loads(scores_path.read_text()) if scores_path.exists()
-              else evaluate_checkpoint(checkpoint, split, beam_size=beam_size, out_dir=run_dir, progress=False))
-    last = run_dir / "last.pt"   # the whole run's training time, not the time up to the best epoch
-    progress = load_checkpoint(last if last.exists() else checkpoint).get("progress", {})
+    metrics = _read_metrics(run_dir)
     model, vocab, config, _ = load_model(checkpoint)
     settings = DecodeConfig.of(config, beam=beam_size)
-    metrics = _read_metrics(run_dir)
+    scores = _stored_scores(run_dir / f"scores_{split}.json", checkpoint, settings)
+    if scores is None:
+        scores = evaluate_checkpoint(checkpoint, split, beam_size=beam_size, out_dir=run_dir, progress=False)
+    last = run_dir / "last.pt"   # the whole run's training time, not the time up to the best epoch
+    progress = load_checkpoint(last if last.exists() else checkpoint).get("progress", {})
     val = [m for m in metrics if m.get("type") == "val"]
     dataset = split_dataset(config, split, vocab, model)
     generations = generate_captions(model, dataset, vocab, settings, max_images=stats_images)
     stats = attention_statistics(generations) or {"coverage": []}
     stats.update({k: v for k, v in (scores.get("attention") or {}).items() if k != "coverage"})  # the whole split's
     return {
-        "name": run_dir.name, "dir": run_dir, "checkpoint": checkpoint, "config": config, "model": model,
+        "name": name, "dir": run_dir, "checkpoint": checkpoint, "config": config, "model": model,
         "vocab": vocab, "settings": settings, "scores": scores, "metrics": metrics, "stats": stats,
         "train_seconds": progress.get("train_seconds"),
         "parameters": sum(p.numel() for p in model.decoder.parameters()),   # trained weights, buffers excluded
@@ -70,9 +136,28 @@ def collect_run(run_dir: Path, split: str, beam_size: int | None, stats_images: 
     }
 
 
+def run_names(run_dirs: list[Path]) -> list[str]:
+    """Each run's name in the report: its folder's name, or as many of the last components of its path as it
+    takes to tell it from the other runs (``a/run`` and ``b/run``, not ``run`` twice)."""
+    given: dict[Path, Path] = {}
+    for run_dir in run_dirs:
+        if run_dir.resolve() in given:
+            raise CaptionerError(f"{run_dir}: the same run as {given[run_dir.resolve()]}, given twice")
+        given[run_dir.resolve()] = run_dir
+    parts = [Path(os.path.abspath(run_dir)).parts[1:] for run_dir in run_dirs]
+    depths = [1] * len(run_dirs)
+    while True:
+        names = ["/".join(p[-depth:]) for p, depth in zip(parts, depths)]
+        clashing = [i for i, name in enumerate(names) if names.count(name) > 1]
+        if not clashing:
+            return names
+        for i in clashing:
+            depths[i] += 1
+
+
 def _save(figure: Figure, path: Path) -> Path:
     FigureCanvasAgg(figure)
-    figure.savefig(path, dpi=100, bbox_inches="tight")
+    write_file(path, lambda handle: figure.savefig(handle, format="png", dpi=100, bbox_inches="tight"))
     return path
 
 
@@ -119,7 +204,10 @@ def coverage_histogram(runs: list[dict], path: Path) -> Path:
         if run["stats"]["coverage"]:
             ax.hist(run["stats"]["coverage"], bins=bins, histtype="step", linewidth=1.5, label=run["name"], density=True)
     ax.set(title="attention coverage per region (sum over words)", xlabel="sum_t alpha_ti", ylabel="density")
-    ax.legend()
+    if values:
+        ax.legend()
+    else:       # no run's decoder reports attention
+        ax.text(0.5, 0.5, "no attention maps", ha="center", va="center", transform=ax.transAxes)
     return _save(figure, path)
 
 
@@ -137,12 +225,14 @@ def _row(run: dict) -> dict:
 
 
 def example_figures(runs: list[dict], records, out_dir: Path) -> list[dict]:
-    """The same images captioned by every run, each with its attention figure."""
+    """The same images captioned by every run, each with its attention figure
+    (``attention_{run's number}_{its name}_{image id}.png``: names made safe for Markdown links)."""
     examples = []
     for record in records:
         row = {"image": record.path, "runs": []}
-        for run in runs:
-            figure = out_dir / f"attention_{run['name']}_{record.image_id}.png"
+        for number, run in enumerate(runs, 1):
+            safe_name = re.sub(r"[^\w.-]", "_", run["name"])
+            figure = out_dir / f"attention_{number}_{safe_name}_{record.image_id}.png"
             result = attend_file(run["model"], run["vocab"], record.path, figure, run["settings"],
                                  max_pixels=run["config"]["data"]["max_pixels"], title=f"{run['name']}: ")
             row["runs"].append({"name": run["name"], "caption": result.caption, "figure": figure})
@@ -177,18 +267,23 @@ def report_markdown(runs: list[dict], pictures: dict[str, Path], examples: list[
 
 def write_report(run_dirs: list[str | Path], out_dir: str | Path, *, split: str = "test", beam_size: int | None = None,
                  images: int = 3, stats_images: int = 200) -> dict:
-    """Write ``report.md``, ``report.html`` and the PNGs into ``out_dir``; returns their paths.
-    ``beam_size`` None: each run decodes with its own ``decode.beam``."""
+    """Write ``report.md``, ``report.html`` and the PNGs into ``out_dir`` (the report and the summary figures
+    replaced whole or not at all); returns the report's paths and each run's table row by its name.
+    ``beam_size`` None: each run decodes with its own ``decode.beam``. ``images``: how many of the split's first
+    images every run captions (0: none). A run without a matching ``scores_{split}.json`` is evaluated, writing
+    it and ``captions_{split}.json`` into the run folder (see the module's docstring)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    runs = [collect_run(Path(d), split, beam_size, stats_images) for d in run_dirs]
+    run_dirs = [Path(d) for d in run_dirs]
+    runs = [collect_run(d, name, split, beam_size, stats_images) for d, name in zip(run_dirs, run_names(run_dirs))]
     pictures = {"curves": learning_curves(runs, out_dir / "learning_curves.png"),
                 "coverage": coverage_histogram(runs, out_dir / "coverage.png")}
     first = runs[0]
     records = split_dataset(first["config"], split, first["vocab"], first["model"]).records[:images]
     markdown = report_markdown(runs, pictures, example_figures(runs, records, out_dir), split, stats_images)
-    (out_dir / "report.md").write_text(markdown)
-    (out_dir / "report.html").write_text(_html(markdown, out_dir))
+    page = _html(markdown, out_dir)
+    write_file(out_dir / "report.md", markdown)
+    write_file(out_dir / "report.html", page)
     return {"markdown": str(out_dir / "report.md"), "html": str(out_dir / "report.html"),
             "runs": {r["name"]: _row(r) for r in runs}}
 
