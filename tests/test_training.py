@@ -155,6 +155,29 @@ def test_feature_cache_round_trip_resume_and_unreadable(tiny_coco, tmp_path):
             torch.testing.assert_close(cache[record.image_id], direct, rtol=2e-3, atol=2e-3)
 
 
+def test_a_damaged_feature_cache_is_one_line_and_never_read_as_zeros(tiny_coco, tmp_path):
+    config = tiny_config(tiny_coco, tmp_path)
+    model = build_model(config, vocab_size=5).eval()
+    records = read_split(config["data"], "val")
+    folder = tmp_path / "cache"
+    build = lambda: build_feature_cache(model.encoder, records, folder, transform=image_transform(model.encoder),
+                                        progress=False)
+    build()
+    whole = (folder / "features.npy").read_bytes()
+    (folder / "features.npy").write_bytes(whole[:1000])                  # an interrupted copy
+    for attempt in (lambda: FeatureCache(folder), build):                # read, or resumed by cache-features
+        with pytest.raises(CaptionerError, match=rf"features.npy: truncated \(1000 of {len(whole)} bytes\)"):
+            attempt()
+    assert (folder / "features.npy").stat().st_size == 1000              # not extended with zeros
+    (folder / "features.npy").write_bytes(whole)
+    (folder / "status.npy").write_bytes(b"")
+    with pytest.raises(CaptionerError, match="status.npy: not a readable NumPy array"):
+        FeatureCache(folder)
+    (folder / "meta.json").write_text("{bad")
+    with pytest.raises(CaptionerError, match="meta.json: malformed JSON"):
+        FeatureCache(folder)
+
+
 def test_train_from_cached_features_then_cli_caption_and_evaluate(tiny_coco, tmp_path, capsys, monkeypatch):
     config = tiny_config(tiny_coco, tmp_path / "run", data={"features": str(tmp_path / "cache")})
     model = build_model(config, vocab_size=5)

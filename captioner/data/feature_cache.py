@@ -26,7 +26,7 @@ from captioner.data.images import image_transform, load_image
 from captioner.data.readers import ImageRecord, read_split
 from captioner.errors import CaptionerError, ImageError
 from captioner.models.encoder import EncoderConfig, build_encoder
-from captioner.utils import resolve_device, write_file
+from captioner.utils import read_json, resolve_device, write_file
 
 PENDING, WRITTEN, FAILED = 0, 1, 2
 
@@ -126,11 +126,12 @@ def _open_cache(out_dir: Path, meta: dict, shape: tuple[int, int, int]):
     already in ``out_dir`` when it holds a cache of the same images and encoder (resuming), else new ones."""
     meta_path, features_path, status_path = out_dir / "meta.json", out_dir / "features.npy", out_dir / "status.npy"
     if meta_path.exists() and features_path.exists() and status_path.exists():
-        if json.loads(meta_path.read_text()) != meta:
+        if read_meta(out_dir) != meta:
             raise CaptionerError(f"{out_dir}: holds a cache of other images or another encoder; "
                                  "choose an empty folder or delete it")
+        check_arrays(out_dir, meta)
         failed_path = out_dir / "failed.json"
-        failed = json.loads(failed_path.read_text()) if failed_path.exists() else {}
+        failed = read_json(failed_path) if failed_path.exists() else {}
         return np.load(features_path, mmap_mode="r+"), np.load(status_path, mmap_mode="r+"), failed
     features = np.lib.format.open_memmap(features_path, mode="w+", dtype=np.dtype(meta["dtype"]), shape=shape)
     status = np.lib.format.open_memmap(status_path, mode="w+", dtype=np.uint8, shape=(shape[0],))
@@ -138,15 +139,55 @@ def _open_cache(out_dir: Path, meta: dict, shape: tuple[int, int, int]):
     return features, status, {}
 
 
+META_KEYS = ("image_ids", "grid", "feature_dim", "dtype")
+
+
+def read_meta(folder: Path) -> dict:
+    """A cache folder's ``meta.json``; one line naming it when it is missing, damaged or not a cache's."""
+    meta_path = folder / "meta.json"
+    if not meta_path.exists():
+        raise CaptionerError(f"{folder}: not a feature cache (no meta.json); run 'captioner cache-features'")
+    meta = read_json(meta_path)
+    if not isinstance(meta, dict) or not all(key in meta for key in META_KEYS):
+        raise CaptionerError(f"{meta_path}: not a feature cache's meta.json (needs {', '.join(META_KEYS)})")
+    return meta
+
+
+def check_arrays(folder: Path, meta: dict) -> None:
+    """Check that ``features.npy`` and ``status.npy`` are whole arrays of the shapes ``meta`` gives: a file cut
+    short (an interrupted copy, a full disk) would otherwise read, or be extended, as rows of zeros."""
+    rows = len(meta["image_ids"])
+    expected = {"features.npy": ((rows, meta["grid"][0] * meta["grid"][1], meta["feature_dim"]), np.dtype(meta["dtype"])),
+                "status.npy": ((rows,), np.dtype(np.uint8))}
+    for name, (shape, dtype) in expected.items():
+        path = folder / name
+        try:
+            with path.open("rb") as handle:
+                version = np.lib.format.read_magic(handle)
+                read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                               else np.lib.format.read_array_header_2_0)
+                found_shape, _, found_dtype = read_header(handle)
+                data_start = handle.tell()
+        except FileNotFoundError:
+            raise CaptionerError(f"{path}: missing from the feature cache; run 'captioner cache-features'") from None
+        except (ValueError, OSError, EOFError) as err:
+            raise CaptionerError(f"{path}: not a readable NumPy array ({err})") from None
+        if tuple(found_shape) != shape or found_dtype != dtype:
+            raise CaptionerError(f"{path}: holds {found_dtype} {tuple(found_shape)}, not the {dtype} {shape} that "
+                                 f"{folder / 'meta.json'} describes")
+        size, needed = path.stat().st_size, data_start + int(np.prod(shape)) * dtype.itemsize
+        if size < needed:
+            raise CaptionerError(f"{path}: truncated ({size} of {needed} bytes); delete {folder} and run "
+                                 "'captioner cache-features' again")
+
+
 class FeatureCache:
     """Read-only view of a cache folder: ``cache[image_id]`` -> features ``(L, D)`` as a float32 tensor."""
 
     def __init__(self, folder: str | Path):
         self.folder = Path(folder)
-        meta_path = self.folder / "meta.json"
-        if not meta_path.exists():
-            raise CaptionerError(f"{self.folder}: not a feature cache (no meta.json); run 'captioner cache-features'")
-        self.meta = json.loads(meta_path.read_text())
+        self.meta = read_meta(self.folder)
+        check_arrays(self.folder, self.meta)
         self.row_of = {int(i): row for row, i in enumerate(self.meta["image_ids"])}
         self.grid = tuple(self.meta["grid"])
         self.feature_dim = int(self.meta["feature_dim"])
