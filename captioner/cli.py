@@ -15,7 +15,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import re
+import signal
 import sys
 from pathlib import Path
 
@@ -388,7 +390,12 @@ def main(argv: list[str] | None = None) -> int:
     keep_freed_memory()   # decoding in a fresh process as fast as in a warmed-up one (see its docstring)
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
     try:
-        return args.func(args)
+        code = args.func(args)
+        sys.stdout.flush()      # here, so that a reader gone away (| head) is seen below, not at exit
+        return code
+    except BrokenPipeError:     # the reader of our output has had enough: stop quietly, as a piped tool does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())    # no second error when Python exits
+        return 128 + signal.SIGPIPE
     except CaptionerError as err:
         if args.debug:
             raise

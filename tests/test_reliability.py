@@ -356,6 +356,17 @@ def test_a_resumed_run_does_not_write_onto_a_torn_metrics_line(tmp_path):
     assert [json.loads(line)["step"] for line in lines] == [1, 2]
 
 
+def test_a_reader_that_goes_away_stops_the_command_quietly(checkpoint, tmp_path):
+    image = tmp_path / "image.png"
+    Image.new("RGB", (32, 32), "red").save(image)
+    command = [sys.executable, "-m", "captioner", "caption", str(image), "--checkpoint", str(checkpoint)]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO)
+    process.stdout.close()           # like `| head -c 0`: gone before the first line is written
+    stderr = process.stderr.read().decode()
+    assert process.wait(timeout=120) == 128 + signal.SIGPIPE
+    assert "Traceback" not in stderr and "error" not in stderr.lower() and "Exception ignored" not in stderr
+
+
 def test_unwritable_run_folder_is_one_clear_line(tiny_coco, tmp_path, capsys):
     blocker = tmp_path / "a_file"
     blocker.write_text("")
