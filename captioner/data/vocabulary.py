@@ -10,7 +10,7 @@ from pathlib import Path
 from captioner.data.readers import read_split
 from captioner.data.text import tokenize
 from captioner.errors import CaptionerError
-from captioner.utils import atomic_write, read_json
+from captioner.utils import read_json, write_file
 
 PAD, START, END, UNK = "<pad>", "<start>", "<end>", "<unk>"
 SPECIALS = (PAD, START, END, UNK)
@@ -80,8 +80,8 @@ class Vocabulary:
 
 
 def save_vocabulary(vocab: Vocabulary, path: str | Path) -> None:
-    """Write ``{"words": [...]}`` as JSON (atomically)."""
-    atomic_write(path, lambda handle: handle.write(json.dumps(vocab.to_dict(), ensure_ascii=False).encode()))
+    """Write ``{"words": [...]}`` as JSON (atomically; a failed write names ``path``)."""
+    write_file(path, json.dumps(vocab.to_dict(), ensure_ascii=False))
 
 
 def load_vocabulary(path: str | Path) -> Vocabulary:
