@@ -296,8 +296,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "log-probabilities (default: the config's decode.n_best, 1)")
     caption.add_argument("--json", action="store_true", help="one JSON object per line (with per-word attention)")
     caption.add_argument("--device", default="auto")
-    caption.add_argument("--max-pixels", type=_positive_int, default=None, help="refuse larger images before decoding them "
-                       "(default: the checkpoint's data.max_pixels, 64 megapixels)")
+    caption.add_argument("--max-pixels", type=_positive_int, default=None,
+                         help="refuse larger images before decoding them "
+                              "(default: the checkpoint's data.max_pixels, 64 megapixels)")
     caption.set_defaults(func=_cmd_caption)
 
     attend = sub.add_parser("attend", help="draw where the model looked for each word")
@@ -310,8 +311,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="overrides of the checkpoint's config, e.g. decode.max_length=16")
     attend.add_argument("--beam", type=int, default=None, help="beam size (default: the config's decode.beam)")
     attend.add_argument("--device", default="auto")
-    attend.add_argument("--max-pixels", type=_positive_int, default=None, help="refuse larger images before decoding them "
-                       "(default: the checkpoint's data.max_pixels, 64 megapixels)")
+    attend.add_argument("--max-pixels", type=_positive_int, default=None,
+                         help="refuse larger images before decoding them "
+                              "(default: the checkpoint's data.max_pixels, 64 megapixels)")
     attend.set_defaults(func=_cmd_attend)
 
     compare = sub.add_parser("compare", help="report comparing runs: metrics, curves, attention statistics, figures")
@@ -338,8 +340,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-wait-ms", type=_non_negative_float, default=10.0,
                        help="longest a request waits for others to join its batch")
     serve.add_argument("--max-upload-mb", type=_positive_float, default=20.0, help="larger uploads are refused (413)")
-    serve.add_argument("--max-pixels", type=_positive_int, default=None, help="refuse larger images before decoding them "
-                       "(default: each checkpoint's data.max_pixels, 64 megapixels)")
+    serve.add_argument("--max-pixels", type=_positive_int, default=None,
+                         help="refuse larger images before decoding them "
+                              "(default: each checkpoint's data.max_pixels, 64 megapixels)")
     serve.add_argument("--decode-in", choices=("process", "thread"), default="process",
                        help="process (default): the models decode in a child process of their own, so that decoding "
                             "never waits for the web server's Python; thread: in the server's own process")

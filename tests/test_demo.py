@@ -5,6 +5,7 @@ side in worker processes equal runs trained one after the other; a failing or st
 import io
 import json
 import multiprocessing
+import re
 from pathlib import Path
 
 import pytest
@@ -14,8 +15,9 @@ import yaml
 from captioner.checkpoint import load_checkpoint
 from captioner.cli import main
 from captioner.config import load_config
-from captioner.demo import CONFIG_DIR, DEMO_RUNS, FAST_OVERRIDES, LinePrefixer, default_jobs, shapes_overrides, \
-    threads_per_job, train_and_score, train_side_by_side
+from captioner.data.shapes import generate_shapes
+from captioner.demo import CONFIG_DIR, DEMO_RUNS, FAST_OVERRIDES, LinePrefixer, default_jobs, \
+    ensure_shapes, reset_stale_features, shapes_overrides, threads_per_job, train_and_score, train_side_by_side
 from captioner.errors import CaptionerError
 
 
@@ -64,6 +66,55 @@ def test_demo_fast_writes_the_summary_figures_and_report(tmp_path, capsys):
     assert (out / "none" / "last.pt").stat().st_mtime_ns == last
     resumed = json.loads((out / "summary.json").read_text())["runs"]["none"]
     assert all(resumed[k] == summary["runs"]["none"][k] for k in ("BLEU-4", "CIDEr", "METEOR", "epochs"))
+
+
+def _files(root: Path) -> dict:
+    return {p.relative_to(root): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("data", ["own captions", "shapes data of other settings"])
+def test_the_demo_leaves_a_data_folder_it_did_not_make_as_it_was(tmp_path, capsys, data):
+    folder = tmp_path / "data"
+    if data == "own captions":
+        (folder / "annotations").mkdir(parents=True)
+        (folder / "annotations" / "captions_train.json").write_text('{"images": [], "annotations": []}')
+    else:
+        generate_shapes(folder, seed=1, num_images=8, image_size=32)    # as `captioner data shapes` makes it
+    before = _files(folder)
+    assert main(["demo", "--fast", "--out", str(tmp_path / "demo"), "--data", str(folder)]) == 1
+    assert capsys.readouterr().err == (f"captioner: error: {folder}: holds files that are not the demo's shapes data; "
+                                       f"choose an empty or new folder (--data)\n")
+    assert _files(folder) == before
+
+
+def test_the_demo_generates_anew_only_the_shapes_files_of_its_own_folder(tmp_path, capsys):
+    folder = tmp_path / "data"
+    folder.mkdir()                                                      # empty: the demo's to fill
+    assert ensure_shapes(folder, num_images=12)["num_images"] == 12
+    (folder / "notes.txt").write_text("mine")
+    assert ensure_shapes(folder, num_images=9) == json.loads((folder / "annotations" / "captions_test.json")
+                                                             .read_text())["info"]
+    images = sorted(p.name for p in (folder / "images").rglob("*.png"))
+    assert images == [f"{k:06d}.png" for k in range(1, 10)]             # none of the 12 left over
+    assert (folder / "notes.txt").read_text() == "mine"
+    capsys.readouterr()
+    ensure_shapes(folder, num_images=9)
+    assert "shapes data: reusing" in capsys.readouterr().out
+
+
+def test_the_demo_empties_only_a_feature_cache_it_made(tmp_path):
+    features = tmp_path / "features"
+    reset_stale_features(features, {"seed": 0})
+    (features / "features.npy").write_bytes(b"old")
+    reset_stale_features(features, {"seed": 1})                         # other data: its own cache emptied
+    assert sorted(p.name for p in features.iterdir()) == ["shapes_info.json"]
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "flickr8k").write_bytes(b"features of the user's")
+    with pytest.raises(CaptionerError, match=re.escape(f"{mine}: holds files that are not the demo's feature cache; "
+                                                       f"choose an empty or new folder (--out)")):
+        reset_stale_features(mine, {"seed": 0})
+    assert [p.name for p in mine.iterdir()] == ["flickr8k"]
 
 
 def test_a_failing_run_fails_the_demo_with_its_error_and_leaves_no_worker(tmp_path):

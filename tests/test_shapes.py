@@ -5,12 +5,14 @@ import itertools
 import json
 import re
 from collections import Counter, defaultdict
+from pathlib import Path
 
 import numpy as np
 import pytest
 from PIL import Image
 from pycocotools.coco import COCO
 
+from captioner.cli import main
 from captioner.data.shapes import (
     COLOUR_JITTER,
     COLOUR_RGB,
@@ -164,7 +166,8 @@ def test_other_image_sizes_scale_the_objects(tmp_path):
 
 @pytest.mark.parametrize("arguments, message", [
     ({"num_images": 0}, "number of images"), ({"image_size": 16}, "image size"),
-    ({"split_fractions": (0.8, 0.1, 0.2)}, "split fractions"), ({"seed": -1}, "seed"), ({"workers": 0}, "workers")])
+    ({"split_fractions": (0.8, 0.1, 0.2)}, "split fractions"), ({"split_fractions": (0.9, 0.1, 0.0)}, "positive"),
+    ({"seed": -1}, "seed"), ({"workers": 0}, "workers")])
 def test_bad_arguments_are_user_errors(tmp_path, arguments, message):
     with pytest.raises(CaptionerError, match=message):
         generate_shapes(tmp_path, **arguments)
@@ -173,7 +176,59 @@ def test_bad_arguments_are_user_errors(tmp_path, arguments, message):
 def test_unwritable_output_is_a_user_error(tmp_path):
     (tmp_path / "file").write_text("not a folder")
     with pytest.raises(CaptionerError, match="cannot write"):
-        generate_shapes(tmp_path / "file", num_images=3)
+        generate_shapes(tmp_path / "file", num_images=8)
+
+
+@pytest.mark.parametrize("images, fractions, empty, least", [
+    (3, (0.8, 0.1, 0.1), "the val split", 8), (7, (0.8, 0.1, 0.1), "the test split", 8),
+    (1, (0.8, 0.1, 0.1), "the val and test splits", 8), (2, (0.25, 0.5, 0.25), "the train split", 4)])
+def test_too_few_images_for_every_split_is_a_user_error_before_anything_is_written(tmp_path, images, fractions, empty,
+                                                                                  least):
+    with pytest.raises(CaptionerError, match=rf"^shapes data: {images} image\(s\) leave {empty} without images; "
+                                             rf"the split fractions .* need at least {least} images$"):
+        generate_shapes(tmp_path / "few", num_images=images, split_fractions=fractions)
+    assert not (tmp_path / "few").exists()
+    summary = generate_shapes(tmp_path / "enough", num_images=least, split_fractions=fractions, image_size=32)
+    assert all(split["images"] > 0 for split in summary["splits"].values())
+
+
+def test_cli_refuses_too_few_images_in_one_line(tmp_path, capsys):
+    assert main(["data", "shapes", "--out", str(tmp_path / "few"), "--images", "3"]) == 1
+    assert capsys.readouterr().err == ("captioner: error: shapes data: 3 image(s) leave the val split without images; "
+                                       "the split fractions (0.8, 0.1, 0.1) need at least 8 images\n")
+
+
+@pytest.mark.parametrize("own_file", ["annotations/captions_train.json", "images/train/000001.png", "notes.txt"])
+def test_a_folder_holding_other_files_is_refused_and_left_as_it_was(tmp_path, capsys, own_file):
+    folder = tmp_path / "mine"
+    (folder / own_file).parent.mkdir(parents=True)
+    (folder / own_file).write_text('{"info": {"description": "my captions"}, "images": [], "annotations": []}')
+    paths, files = sorted(folder.rglob("*")), _file_bytes(folder)
+    assert main(["data", "shapes", "--out", str(folder), "--images", "8"]) == 1
+    assert capsys.readouterr().err == (f"captioner: error: {folder}: holds files that are not shapes data; "
+                                       f"choose an empty or new folder (--out)\n")
+    assert sorted(folder.rglob("*")) == paths and _file_bytes(folder) == files      # not even a folder made
+
+
+def test_a_shapes_dataset_alongside_other_files_is_refused(tmp_path):
+    generate_shapes(tmp_path / "data", seed=1, num_images=8, image_size=32)
+    (tmp_path / "data" / "notes.txt").write_text("mine")
+    before = _file_bytes(tmp_path / "data")
+    with pytest.raises(CaptionerError, match="holds files that are not shapes data"):
+        generate_shapes(tmp_path / "data", seed=0, num_images=9, image_size=32)
+    assert _file_bytes(tmp_path / "data") == before
+
+
+def test_an_earlier_dataset_is_replaced_whole_and_replace_keeps_other_files(tmp_path):
+    generate_shapes(tmp_path / "fresh", seed=0, num_images=8, image_size=32)
+    data = tmp_path / "data"
+    generate_shapes(data, seed=1, num_images=12, image_size=32)     # more images than the next: none may stay
+    generate_shapes(data, seed=0, num_images=8, image_size=32)
+    assert _file_bytes(data) == _file_bytes(tmp_path / "fresh")
+    (data / "notes.txt").write_text("mine")
+    generate_shapes(data, seed=1, num_images=12, image_size=32, replace=True)
+    generate_shapes(data, seed=0, num_images=8, image_size=32, replace=True)
+    assert _file_bytes(data) == {**_file_bytes(tmp_path / "fresh"), Path("notes.txt"): b"mine"}
 
 
 # ---------------------------------------------------------------------------------------- the captions

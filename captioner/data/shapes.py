@@ -36,6 +36,7 @@ import colorsys
 import itertools
 import json
 import math
+import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import lru_cache
@@ -59,6 +60,8 @@ OBJECT_COUNT_PROBABILITIES = (0.2, 0.4, 0.4)   # of 1, 2, 3 objects
 CAPTIONS_PER_IMAGE = 5
 SPLITS = ("train", "val", "test")
 FORMAT_VERSION = 2                             # written to ``info``; bump when the output changes
+# ``info["description"]`` of every annotation file: what tells an earlier shapes dataset from other files
+DESCRIPTION = "captioner synthetic shapes: coloured shapes with spatial-relation captions"
 
 REFERENCE_SIZE = 128                           # the image size the pixel constants below are given for
 EXTENT_RANGE = {"small": (18.0, 25.0), "large": (33.0, 44.0)}   # side of an object's bounding box, px
@@ -382,6 +385,12 @@ def _split_sizes(num_images: int, split_fractions: tuple[float, float, float]) -
     return {"train": train, "val": val, "test": num_images - train - val}
 
 
+def _least_images(num_images: int, split_fractions: tuple[float, float, float]) -> int:
+    """The smallest number of images above ``num_images`` that gives every split at least one (the fractions
+    all positive)."""
+    return next(n for n in itertools.count(num_images + 1) if min(_split_sizes(n, split_fractions).values()) > 0)
+
+
 def _check_arguments(seed: int, num_images: int, image_size: int, split_fractions: tuple[float, float, float],
                      workers: int | None) -> None:
     if not isinstance(seed, int) or seed < 0:
@@ -390,12 +399,57 @@ def _check_arguments(seed: int, num_images: int, image_size: int, split_fraction
         raise CaptionerError(f"shapes data: number of images must be a positive integer, got {num_images!r}")
     if not isinstance(image_size, int) or image_size < MIN_IMAGE_SIZE:
         raise CaptionerError(f"shapes data: image size must be an integer >= {MIN_IMAGE_SIZE}, got {image_size!r}")
-    if (len(split_fractions) != len(SPLITS) or any(f < 0 for f in split_fractions)
+    if (len(split_fractions) != len(SPLITS) or any(f <= 0 for f in split_fractions)
             or not math.isclose(sum(split_fractions), 1.0, abs_tol=1e-6)):
-        raise CaptionerError(f"shapes data: split fractions must be three non-negative numbers (train, val, test) "
+        raise CaptionerError(f"shapes data: split fractions must be three positive numbers (train, val, test) "
                              f"summing to 1, got {tuple(split_fractions)!r}")
+    sizes = _split_sizes(num_images, split_fractions)
+    empty = [split for split in SPLITS if sizes[split] == 0]
+    if empty:
+        least = _least_images(num_images, split_fractions)
+        raise CaptionerError(f"shapes data: {num_images} image(s) leave the {' and '.join(empty)} split"
+                             f"{'s' if len(empty) > 1 else ''} without images; the split fractions "
+                             f"{tuple(split_fractions)} need at least {least} images")
     if workers is not None and (not isinstance(workers, int) or workers < 1):
         raise CaptionerError(f"shapes data: workers must be a positive integer, got {workers!r}")
+
+
+def shapes_info(path: Path) -> dict | None:
+    """The ``info`` block of the shapes annotation file ``path``; None when ``path`` is none (missing,
+    unreadable, not JSON, or another dataset's)."""
+    try:
+        content = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    info = content.get("info") if isinstance(content, dict) else None
+    return info if isinstance(info, dict) and info.get("description") == DESCRIPTION else None
+
+
+def _output_files(out_dir: Path) -> list[Path]:
+    """The files in ``out_dir`` named as :func:`generate_shapes` names its output, whoever wrote them: the
+    images, then the annotation files."""
+    images = [path for split in SPLITS for path in sorted((out_dir / "images" / split).glob("*.png"))
+              if re.fullmatch(r"\d{6,}\.png", path.name)]
+    annotations = [out_dir / "annotations" / f"{kind}_{split}.json" for kind in ("captions", "instances")
+                   for split in SPLITS]
+    return images + [path for path in annotations if path.is_file()]
+
+
+def _earlier_output(out_dir: Path, replace: bool) -> list[Path]:
+    """The files of an earlier shapes dataset in ``out_dir``, for :func:`generate_shapes` to delete before it
+    writes. Unless ``replace``, ``out_dir`` must be missing, empty, or hold such a dataset (its annotation
+    files carry the shapes ``info``) and nothing else, else :class:`CaptionerError`; with ``replace``, every
+    file named as shapes output counts as such, and whatever else ``out_dir`` holds stays."""
+    if not out_dir.is_dir():
+        return []                   # missing (a file in its place fails the writing, named)
+    earlier = _output_files(out_dir)
+    if replace:
+        return earlier
+    annotations = [path for path in earlier if path.suffix == ".json"]
+    others = {path for path in out_dir.rglob("*") if not path.is_dir()} - set(earlier)
+    if others or (earlier and not annotations) or any(shapes_info(path) is None for path in annotations):
+        raise CaptionerError(f"{out_dir}: holds files that are not shapes data; choose an empty or new folder (--out)")
+    return earlier
 
 
 def _object_annotation(obj: SceneObject, annotation_id: int, image_id: int, category_id: int) -> dict:
@@ -407,8 +461,14 @@ def _object_annotation(obj: SceneObject, annotation_id: int, image_id: int, cate
 
 
 def generate_shapes(out_dir: str | Path, *, seed: int = 0, num_images: int = 3000, image_size: int = 128,
-                    split_fractions: tuple[float, float, float] = (0.8, 0.1, 0.1), workers: int | None = None) -> dict:
+                    split_fractions: tuple[float, float, float] = (0.8, 0.1, 0.1), workers: int | None = None,
+                    replace: bool = False) -> dict:
     """Write the shapes dataset into ``out_dir`` (layout in the module docstring).
+
+    ``out_dir`` must be missing, empty, or hold an earlier shapes dataset and nothing else; the earlier
+    dataset's files are deleted first, so that old and new images never mix. ``replace``: ``out_dir`` may hold
+    other files too (they stay); the files in it named as this function's output are deleted first, whoever
+    wrote them (for a caller that knows them to be its own shapes data, as the demo does).
 
     Image ids run from 1 to ``num_images``; the first ``split_fractions[0]`` of them are train, then
     val, then test. Annotation files are written with sorted keys and no timestamps, so the same
@@ -417,12 +477,13 @@ def generate_shapes(out_dir: str | Path, *, seed: int = 0, num_images: int = 300
 
     Returns a summary: ``{"out", "images", "seed", "image_size", "objects_per_image": {n: images},
     "splits": {split: {"images": count, "captions": path, "instances": path}}}``.
-    Raises :class:`CaptionerError` for bad arguments or an unwritable ``out_dir``.
+    Raises :class:`CaptionerError` for bad arguments (a split left without images among them), an ``out_dir``
+    holding other files (before anything is written) or an unwritable ``out_dir``.
     """
     _check_arguments(seed, num_images, image_size, tuple(split_fractions), workers)
     out_dir = Path(out_dir)
-    info = {"description": "captioner synthetic shapes: coloured shapes with spatial-relation captions",
-            "seed": seed, "num_images": num_images, "image_size": image_size,
+    earlier = _earlier_output(out_dir, replace)
+    info = {"description": DESCRIPTION, "seed": seed, "num_images": num_images, "image_size": image_size,
             "split_fractions": list(split_fractions), "version": FORMAT_VERSION}
     categories = [{"id": k + 1, "name": shape, "supercategory": "shape"} for k, shape in enumerate(SHAPES)]
     category_id = {c["name"]: c["id"] for c in categories}
@@ -432,6 +493,8 @@ def generate_shapes(out_dir: str | Path, *, seed: int = 0, num_images: int = 300
     objects_per_image: dict[int, int] = {}
     caption_id = object_id = 0
     try:
+        for path in earlier:
+            path.unlink()
         (out_dir / "annotations").mkdir(parents=True, exist_ok=True)
         for split in SPLITS:
             (out_dir / "images" / split).mkdir(parents=True, exist_ok=True)
