@@ -190,6 +190,15 @@ def _non_negative_int(text: str) -> int:
     return value
 
 
+class _Once(argparse.Action):
+    """An option that may be given once: a second value is an error, not silently the one used."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if getattr(namespace, self.dest) is not None:
+            parser.error(f"argument {option_string}: given twice")
+        setattr(namespace, self.dest, values)
+
+
 def _port(text: str) -> int:
     value = int(text)
     if not 0 <= value <= 65535:
@@ -303,7 +312,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     attend = sub.add_parser("attend", help="draw where the model looked for each word")
     attend.add_argument("image")
-    attend.add_argument("--checkpoint", required=True)
+    attend.add_argument("--checkpoint", required=True, action=_Once, help="the trained checkpoint (one)")
     attend.add_argument("--out", required=True, help="output PNG")
     attend.add_argument("--instances", help="COCO instances_*.json holding this image (matched by file name): "
                         "outline the ground-truth box of each object a word names")

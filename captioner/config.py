@@ -167,7 +167,11 @@ MINIMUM = {
     "loss.label_smoothing": 0, "loss.entropy_weight": 0, "loss.baseline_decay": 0, "encoder.image_size": 1,
     "encoder.fine_tune_blocks": 0, "decode.beam": 1, "decode.max_length": 1, "decode.min_length": 0,
     "decode.block_ngram": 0, "decode.beam_groups": 1, "decode.diversity": 0, "decode.n_best": 1,
-    "decode.top_k": 0, "decode.top_p": 0,
+    "decode.top_k": 0, "decode.top_p": 0, "model.lstm.attention_dim": 1, "model.lstm.embed_dim": 1,
+    "model.lstm.hidden_dim": 1, "model.lstm.dropout": 0, "model.lstm.position_dim": 1,
+    "model.lstm.location_samples": 1, "model.transformer.d_model": 1, "model.transformer.num_layers": 1,
+    "model.transformer.num_heads": 1, "model.transformer.ffn_dim": 1, "model.transformer.dropout": 0,
+    "model.transformer.max_length": 1,
 }
 # Settings that also take another kind of value than their default's: ``[H, W]`` for a square size.
 ALSO = {"encoder.image_size": list}

@@ -72,6 +72,7 @@ def test_config_overrides_and_unknown_keys(tmp_path):
     ("train.batch_size=0", "train.batch_size must be at least 1, got 0"),
     ("decode.beam_groups=0", "decode.beam_groups must be at least 1, got 0"),
     ("train.lr=-1e-4", "train.lr must be at least 0, got -0.0001"),
+    ("model.lstm.hidden_dim=0", "model.lstm.hidden_dim must be at least 1, got 0"),
 ])
 def test_a_setting_of_the_wrong_kind_or_below_its_least_value_is_named(tmp_path, override, message):
     with pytest.raises(CaptionerError, match=rf"^override '{re.escape(override)}': {message}$"):

@@ -29,6 +29,7 @@ from captioner.cli import main
 from captioner.config import load_config, save_config
 from captioner.decoding.search import DecodeConfig
 from captioner.errors import CaptionerError
+from captioner.evaluation import evaluate
 from captioner.inference import caption_files
 from captioner.models.captioner import build_model
 from captioner.training import engine
@@ -94,7 +95,8 @@ def test_cli_captions_good_images_and_names_each_bad_one(checkpoint, tmp_path, c
     assert code == 1 and len(errors) == 1 and "over the limit of 1000 pixels" in errors[0]
 
 
-def test_evaluate_names_each_unreadable_image_scores_the_rest_and_exits_1(checkpoint, tiny_coco, tmp_path, capsys, caplog):
+def test_evaluate_names_each_unreadable_image_scores_the_rest_and_exits_1(checkpoint, tiny_coco, tmp_path, capsys, caplog,
+                                                                         monkeypatch):
     data = tmp_path / "data"
     shutil.copytree(tiny_coco, data)
     (data / "images" / "test" / "300.png").write_text("broken")
@@ -113,6 +115,7 @@ def test_evaluate_names_each_unreadable_image_scores_the_rest_and_exits_1(checkp
     assert main(["evaluate", str(checkpoint), "--split", "test", "--out", str(tmp_path / "eval"), images]) == 1
     (error,) = one_line_errors(capsys.readouterr().err)
     assert "no image of split 'test' could be read (6 unreadable" in error
+    monkeypatch.setattr(evaluate, "generate_captions", None)      # the file is checked before any decoding
     assert main(["ground", str(checkpoint), "--split", "test", f"data.instances.test={tmp_path / 'nowhere.json'}"]) == 1
     (error,) = one_line_errors(capsys.readouterr().err)
     assert error == f"captioner: error: {tmp_path / 'nowhere.json'}: instances file not found (data.instances)"
@@ -135,6 +138,16 @@ def test_unreadable_training_images_are_skipped_and_listed_or_fatal_with_strict(
     code = main(["train", str(tmp_path / "config.yaml"), "--strict", "--overwrite", "--no-wandb"])
     errors = one_line_errors(capsys.readouterr().err)
     assert code == 1 and len(errors) == 1 and "images/train/10" in errors[0]
+
+
+def test_a_training_where_no_image_can_be_read_fails_and_saves_no_untrained_best(tiny_coco, tmp_path):
+    data = tmp_path / "data"
+    shutil.copytree(tiny_coco, data)
+    for image in (data / "images" / "train").glob("*.png"):
+        image.write_text("broken")
+    with pytest.raises(CaptionerError, match="a whole epoch without one training step.*12 unreadable images"):
+        train(tiny_config(data, tmp_path / "run", train={"epochs": 1}))
+    assert not (tmp_path / "run" / "best.pt").exists() and not (tmp_path / "run" / "last.pt").exists()
 
 
 def test_crafted_checkpoint_is_refused_and_runs_no_code(tmp_path, capsys):
@@ -354,6 +367,13 @@ def test_a_resumed_run_does_not_write_onto_a_torn_metrics_line(tmp_path):
     MetricsLogger(tmp_path, {}, "disabled").log({"type": "train", "step": 2})
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in lines] == [1, 2]
+
+
+def test_attend_refuses_a_second_checkpoint_instead_of_using_the_last(checkpoint, tmp_path, capsys):
+    with pytest.raises(SystemExit) as refused:
+        main(["attend", str(tmp_path / "a.png"), "--checkpoint", str(checkpoint), "--checkpoint", str(checkpoint),
+              "--out", str(tmp_path / "f.png")])
+    assert refused.value.code == 2 and "argument --checkpoint: given twice" in capsys.readouterr().err
 
 
 def test_a_reader_that_goes_away_stops_the_command_quietly(checkpoint, tmp_path):

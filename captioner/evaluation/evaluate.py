@@ -140,20 +140,21 @@ def ground_checkpoint(checkpoint: str | Path, split: str = "test", *, beam_size:
     shapes boxes or COCO masks); writes ``grounding_{split}.json`` (``grounding_references_{split}.json``) into
     ``out_dir`` (default: the checkpoint's folder)."""
     refuse_file_as_folder(out_dir)
+    model, vocab, config = load_models(checkpoint, resolve_device(device), overrides)
+    targets, image_sizes = _targets(config, split, required=True)     # before decoding: a bad file fails at once
+    if targets is None:
+        raise CaptionerError(f"{checkpoint}: its config names no instances file for split '{split}' "
+                             "(data.instances), so there are no objects to ground words in")
     if references:
-        model, vocab, config = load_models(checkpoint, resolve_device(device), overrides)
         pairs = make_dataset(config, read_split(config["data"], split), vocab, model.encoder, pairs=True,
                              whole_cache_only=True)
         generations = read_references(model, pairs)
         unreadable = readable_or_refuse(pairs, {image_id for image_id, _ in generations}, split)
     else:
-        model, vocab, config, dataset, generations, _ = decode_split(
-            checkpoint, split, beam_size=beam_size, overrides=overrides, device=device, progress=progress)
+        dataset = split_dataset(config, split, vocab, model)
+        generations = generate_captions(model, dataset, vocab, DecodeConfig.of(config, beam=beam_size),
+                                        progress=progress)
         unreadable = readable_or_refuse(dataset, generations, split)
-    targets, image_sizes = _targets(config, split, required=True)
-    if targets is None:
-        raise CaptionerError(f"{checkpoint}: its config names no instances file for split '{split}' "
-                             "(data.instances), so there are no objects to ground words in")
     grounding = ground(generations, vocab, targets, image_sizes, tuple(model.encoder.grid))
     if grounding is None:
         raise CaptionerError(f"{checkpoint}: this decoder reports no attention maps (model.lstm.attention=none)")

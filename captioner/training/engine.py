@@ -433,6 +433,9 @@ def validate(model, val_set: CaptionDataset, vocab: Vocabulary, config: dict, wo
 def end_epoch(run: Run, state: TrainState) -> bool:
     """Validate, keep the best checkpoint, save ``last``; returns False when early stopping ends the run."""
     train = run.config["train"]
+    if state.step == 0:     # nothing learnt: a checkpoint now would be an untrained model called best.pt
+        raise CaptionerError(f"{run.dir}: a whole epoch without one training step: every batch was skipped "
+                             f"({len(state.skipped_images)} unreadable images, named above and in metrics.jsonl)")
     scores = validate(run.model, run.val_set, run.vocab, run.config, run.world)
     state.epoch += 1
     state.batch_in_epoch = 0
