@@ -63,7 +63,7 @@ def _cmd_cache_features(args) -> int:
           f"{len(result['failed'])} unreadable")
     for image_id, reason in result["failed"].items():
         print(f"  unreadable (id {image_id}): {reason}", file=sys.stderr)
-    return 0
+    return 1 if result["failed"] else 0     # as caption and evaluate: the others are cached all the same
 
 
 def _cmd_train(args) -> int:
@@ -378,7 +378,8 @@ OVERRIDE = re.compile(r"^[A-Za-z_]\w*(\.\w+)+=")   # section.key=value (see capt
 
 
 def is_override(word: str) -> bool:
-    return bool(OVERRIDE.match(word))
+    """``section.key=value``, unless a file of that name exists (an image called ``shot.v=1.png``)."""
+    return bool(OVERRIDE.match(word)) and not os.path.exists(word)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

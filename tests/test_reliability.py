@@ -376,6 +376,15 @@ def test_attend_refuses_a_second_checkpoint_instead_of_using_the_last(checkpoint
     assert refused.value.code == 2 and "argument --checkpoint: given twice" in capsys.readouterr().err
 
 
+def test_an_image_named_like_an_override_is_an_image(checkpoint, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    Image.new("RGB", (32, 32), "red").save(tmp_path / "shot.v=1.png")
+    assert main(["caption", "shot.v=1.png", "--checkpoint", str(checkpoint), "decode.max_length=3"]) == 0
+    out = capsys.readouterr()
+    assert out.out.startswith("shot.v=1.png: ") and "error" not in out.err
+    assert 1 <= len(out.out.strip().split(": ", 1)[1].split()) <= 3    # the override still applies
+
+
 def test_a_reader_that_goes_away_stops_the_command_quietly(checkpoint, tmp_path):
     image = tmp_path / "image.png"
     Image.new("RGB", (32, 32), "red").save(image)

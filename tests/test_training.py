@@ -3,6 +3,7 @@ gradients, the feature cache, and the CLI around them."""
 
 import json
 import os
+import shutil
 import signal
 
 import pytest
@@ -327,3 +328,15 @@ def test_cache_features_precision_is_a_choice(tiny_coco, tmp_path, capsys):
     assert main(["cache-features", str(tmp_path / "config.yaml"), "--splits", "test", "--dtype", "float32"]) == 0
     cache = FeatureCache(tmp_path / "cache")
     assert cache.meta["dtype"] == "float32" and str(cache.features.dtype) == "float32"
+
+
+def test_cache_features_names_unreadable_images_caches_the_rest_and_exits_1(tiny_coco, tmp_path, capsys):
+    data = tmp_path / "data"
+    shutil.copytree(tiny_coco, data)
+    (data / "images" / "test" / "300.png").write_text("broken")
+    config = tiny_config(data, tmp_path / "run", data={"features": str(tmp_path / "cache")})
+    save_config(config, tmp_path / "config.yaml")
+    assert main(["cache-features", str(tmp_path / "config.yaml"), "--splits", "test"]) == 1
+    out = capsys.readouterr()
+    assert "5 images written" in out.out and "1 unreadable" in out.out and "300.png" in out.err
+    assert sum(image_id in FeatureCache(tmp_path / "cache") for image_id in range(300, 306)) == 5
