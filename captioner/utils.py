@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import hashlib
 import json
 import os
-import hashlib
 import random
 import tempfile
 from collections.abc import Callable

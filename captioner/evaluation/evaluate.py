@@ -16,7 +16,7 @@ from captioner.errors import CaptionerError
 from captioner.evaluation.attention_stats import attention_statistics
 from captioner.evaluation.caption_metrics import score_captions, write_coco_results
 from captioner.evaluation.diversity import diversity_measures
-from captioner.evaluation.generate import caption_texts, generate_captions, read_references, unreadable_images
+from captioner.evaluation.generate import caption_texts, generate_captions, read_references
 from captioner.evaluation.grounding import (
     ShapesTargets,
     ground,
@@ -35,30 +35,15 @@ def split_dataset(config: dict, split: str, vocab, model) -> CaptionDataset:
                         whole_cache_only=True)
 
 
-def decode_split(checkpoints: str | Path | Sequence[str | Path], split: str, *, beam_size: int | None = None,
-                 overrides: Sequence[str] = (), device: str = "auto", progress: bool = False, n_best: int | None = None):
-    """Load the checkpoint (several: an ensemble, see :func:`~captioner.checkpoint.load_models`) with ``overrides``
-    applied to its config, and decode every image of ``split``: ``(model, vocab, config, dataset, generations,
-    settings)``; ``beam_size`` and ``n_best`` override the config's ``decode`` section when given."""
-    model, vocab, config = load_models(checkpoints, resolve_device(device), overrides)
-    settings = DecodeConfig.of(config, beam=beam_size, n_best=n_best)
-    dataset = split_dataset(config, split, vocab, model)
-    generations = generate_captions(model, dataset, vocab, settings, progress=progress)
-    return model, vocab, config, dataset, generations, settings
-
-
 def _targets(config: dict, split: str, required: bool = False):
     """``(targets, image_sizes)`` of ``split`` from the config's ``data.instances`` file (shapes objects or
     COCO categories, see :func:`~captioner.evaluation.grounding.load_targets`), or ``(None, {})`` when it
     names none, or (unless ``required``) names one that is not there, with a warning."""
     instances = (config["data"].get("instances") or {}).get(split)
-    try:
-        targets = load_targets(instances)
-    except CaptionerError as err:
-        if required or Path(instances).is_file():
-            raise
-        log.warning("%s; no shapes measures or grounding", err)
+    if instances and not required and not Path(instances).is_file():
+        log.warning("%s: instances file not found (data.instances); no shapes measures or grounding", instances)
         return None, {}
+    targets = load_targets(instances)
     return targets, (load_image_sizes(instances) if targets is not None else {})
 
 
@@ -77,8 +62,10 @@ def evaluate_checkpoint(checkpoints: str | Path | Sequence[str | Path], split: s
     split (shapes or COCO), attention grounding (``pointing_accuracy`` and the ``grounding`` breakdown) of the
     images the file holds."""
     refuse_file_as_folder(out_dir)
-    model, vocab, config, dataset, generations, settings = decode_split(
-        checkpoints, split, beam_size=beam_size, overrides=overrides, device=device, progress=progress, n_best=n_best)
+    model, vocab, config = load_models(checkpoints, resolve_device(device), overrides)
+    settings = DecodeConfig.of(config, beam=beam_size, n_best=n_best)
+    dataset = split_dataset(config, split, vocab, model)
+    generations = generate_captions(model, dataset, vocab, settings, progress=progress)
     texts = caption_texts(generations, vocab)
     unreadable = readable_or_refuse(dataset, generations, split)
     scores = score_captions({r.image_id: r.captions for r in dataset.records}, texts, spice=spice)
@@ -107,7 +94,7 @@ def refuse_file_as_folder(out_dir: str | Path | None) -> None:
 def readable_or_refuse(dataset: CaptionDataset, decoded, split: str) -> list[str]:
     """The unreadable image files of ``dataset`` (each named in a warning as it was skipped); raises
     :class:`~captioner.errors.CaptionerError` when no image of ``split`` could be read."""
-    unreadable = unreadable_images(dataset, decoded)
+    unreadable = [str(record.path) for record in dataset.records if record.image_id not in decoded]
     if unreadable and len(unreadable) == len(dataset.records):
         raise CaptionerError(f"{unreadable[0]}: no image of split '{split}' could be read ({len(unreadable)} "
                              "unreadable: is data.images right?)")

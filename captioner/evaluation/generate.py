@@ -21,7 +21,7 @@ def generate_captions(model, dataset: CaptionDataset, vocab: Vocabulary, setting
                       shard: tuple[int, int] = (0, 1)) -> dict[int, Generation]:
     """``{image_id: Generation}`` for the images of ``dataset`` (built with ``pairs=False``); with
     ``shard = (rank, world_size)`` only every ``world_size``-th of them, from the ``rank``-th on. An unreadable
-    image is left out with a warning naming it (see :func:`unreadable_images`)."""
+    image is left out with a warning naming it."""
     indices = range(len(dataset)) if max_images is None else range(min(max_images, len(dataset)))
     rank, world_size = shard
     loader = DataLoader(torch.utils.data.Subset(dataset, list(indices)[rank::world_size]), batch_size=batch_size,
@@ -31,8 +31,7 @@ def generate_captions(model, dataset: CaptionDataset, vocab: Vocabulary, setting
     out: dict[int, Generation] = {}
     with torch.inference_mode():
         for batch in tqdm(loader, desc="decoding", unit="batch", disable=not progress, leave=False):
-            for message in batch["errors"]:
-                log.warning("skipped unreadable image: %s", message)
+            warn_unreadable(batch, set())
             if batch["size"] == 0:
                 continue
             generations = decode(model.decoder, model.regions(**visual_inputs(batch, device)), vocab, settings,
@@ -41,9 +40,13 @@ def generate_captions(model, dataset: CaptionDataset, vocab: Vocabulary, setting
     return out
 
 
-def unreadable_images(dataset: CaptionDataset, decoded: Mapping[int, object] | set[int]) -> list[str]:
-    """The files of ``dataset``'s images that were not ``decoded`` (``{image_id: ...}``): unreadable ones."""
-    return [str(record.path) for record in dataset.records if record.image_id not in decoded]
+def warn_unreadable(batch: dict, warned: set[str]) -> None:
+    """A warning for each unreadable image of ``batch`` not in ``warned`` yet (an image comes once per caption
+    in a dataset of pairs), which it joins."""
+    for message in batch["errors"]:
+        if message not in warned:
+            warned.add(message)
+            log.warning("skipped unreadable image: %s", message)
 
 
 def read_references(model, dataset: CaptionDataset, *, batch_size: int = 64) -> list[tuple[int, Generation]]:
@@ -53,11 +56,10 @@ def read_references(model, dataset: CaptionDataset, *, batch_size: int = 64) -> 
     loader = DataLoader(dataset, batch_size=batch_size, collate_fn=collate)
     device = model.device
     model.eval()
-    out = []
+    out, warned = [], set()
     with torch.inference_mode():
         for batch in loader:
-            for message in batch["errors"]:
-                log.warning("skipped unreadable image: %s", message)
+            warn_unreadable(batch, warned)
             if batch["size"] == 0:
                 continue
             captions = batch["captions"].to(device)

@@ -32,15 +32,18 @@ class MetricsLogger:
     def _drop_partial_last_line(self) -> None:
         """A run killed while writing a record (or stopped by a full disk) leaves a line without its newline;
         a resumed run would write its first record onto it. Cut it off."""
-        if not self.path.exists():
+        if not self.path.exists() or self.path.stat().st_size == 0:
             return
-        data = self.path.read_bytes()
-        if data and not data.endswith(b"\n"):
+        with self.path.open("r+b") as handle:
+            handle.seek(-1, os.SEEK_END)
+            if handle.read(1) == b"\n":      # the usual case: a whole log is not read at every start
+                return
+            handle.seek(0)
+            data = handle.read()
             keep = data.rfind(b"\n") + 1
             log.warning("%s: dropped a partial last line (%d bytes) left by a run that stopped while writing it",
                         self.path, len(data) - keep)
-            with self.path.open("r+b") as handle:
-                handle.truncate(keep)
+            handle.truncate(keep)
 
     def log(self, record: dict) -> None:
         if not self.enabled:
