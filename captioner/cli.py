@@ -1,4 +1,4 @@
-"""The ``captioner`` command line: data (shapes, vocab), config, cache-features, train, evaluate, ground,
+"""The ``captioner`` command line: data (shapes, vocab, coco), config, cache-features, train, evaluate, ground,
 caption, attend, compare, serve, demo.
 
 Commands that read a config or a checkpoint take ``section.key=value`` overrides anywhere on the line
@@ -38,6 +38,15 @@ def _cmd_data_vocab(args) -> int:
 
     config = load_config(args.config, args.overrides)
     print(json.dumps(vocabulary_report(config["data"], args.out), indent=2))
+    return 0
+
+
+def _cmd_data_coco(args) -> int:
+    from captioner.data.coco_setup import format_summary, setup_coco
+
+    result = setup_coco(args.root, year=args.year, split=args.split, keep_zips=args.keep_zips,
+                        karpathy_file=args.karpathy_file)
+    print(format_summary(result))
     return 0
 
 
@@ -238,6 +247,21 @@ def build_parser() -> argparse.ArgumentParser:
     vocab.add_argument("overrides", nargs="*", metavar="section.key=value", help="overrides, e.g. data.vocab_min_count=3")
     vocab.add_argument("--out", help="vocabulary file to write (default: data.vocab)")
     vocab.set_defaults(func=_cmd_data_vocab)
+
+    coco = data_sub.add_parser("coco", help="download and prepare MS-COCO for configs/coco_*.yaml: images, "
+                               "annotations, the split, vocabulary (resumable; a second run only verifies)")
+    coco.add_argument("--root", required=True, help="folder to set COCO up in (the configs read data/coco)")
+    coco.add_argument("--year", type=int, choices=(2014, 2017), default=2014,
+                      help="which release of the images to download (default: 2014, the paper's)")
+    coco.add_argument("--split", choices=("karpathy", "official"), default="karpathy",
+                      help="karpathy (default): Karpathy's 113,287/5,000/5,000 split; official (2017 only): "
+                           "train2017 less 5,000 held-out images as val, val2017 as test")
+    coco.add_argument("--keep-zips", action="store_true",
+                      help="keep the downloaded zips in ROOT/downloads (default: each is deleted once unpacked)")
+    coco.add_argument("--karpathy-file", default=None, metavar="FILE",
+                      help="a Karpathy split obtained by hand, tried first: dataset_coco.json, caption_datasets.zip "
+                           "or the folder of BLIP's coco_karpathy_{train,val,test}.json (default: download it)")
+    coco.set_defaults(func=_cmd_data_coco)
 
     config = sub.add_parser("config", help="print a resolved config (defaults, file, overrides) or the reference")
     config.add_argument("config", nargs="?", help="YAML config (default: the built-in defaults)")

@@ -90,6 +90,9 @@ SECTIONS: dict = {
         "nonfinite": "stop",        # a NaN/inf loss: stop (keeping the last good checkpoint) | skip the batch
         "log_every": 50,            # a metrics.jsonl line every this many steps
         "wandb": "offline",         # offline | online | disabled
+        "wandb_project": "captioner",  # the W&B project the run logs to
+        "wandb_entity": None,       # the W&B user or team; None = your default entity
+        "wandb_tags": [],           # W&B tags of the run, e.g. [coco, soft]
         "amp": False,               # mixed precision: CUDA bf16 where supported, else fp16 with a gradient scaler; CPU bf16
         "compile": False,           # torch.compile: the whole model on CUDA, the decoder's per-word step on CPU
         "channels_last": True,      # channels-last memory format for the CNN when fine-tuning on CUDA

@@ -1,4 +1,4 @@
-"""Small helpers: device choice, usable cores, seeding, random-state capture, JSON reading, atomic file writes,
+"""Small helpers: device choice and description, usable cores, seeding, random-state capture, JSON reading, atomic file writes,
 file digests."""
 
 from __future__ import annotations
@@ -7,9 +7,12 @@ import ctypes
 import ctypes.util
 import hashlib
 import json
+import logging
 import os
+import platform
 import random
 import tempfile
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
@@ -18,14 +21,21 @@ import torch
 
 from captioner.errors import CaptionerError
 
+log = logging.getLogger(__name__)
 
 LOG_FORMAT = "%(levelname)s %(name)s: %(message)s"    # the log lines of every command and demo worker
 
 
 def resolve_device(name: str = "auto") -> torch.device:
-    """``auto`` -> ``cuda`` when a GPU is present, else ``cpu``; ``cpu``, ``cuda``, ``cuda:N`` as given."""
+    """``auto`` -> ``cuda`` when a GPU is usable, else ``cpu`` (with a warning naming why when an NVIDIA driver is
+    installed but CUDA does not work); ``cpu``, ``cuda``, ``cuda:N`` as given, or one line naming why not."""
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if Path(NVIDIA_DRIVER_FILE).exists():
+            log.warning("run.device=auto: this machine has an NVIDIA driver but CUDA does not work (%s); "
+                        "running on the CPU", cuda_unavailable_reason())
+        return torch.device("cpu")
     try:
         device = torch.device(name)
     except RuntimeError:
@@ -33,10 +43,70 @@ def resolve_device(name: str = "auto") -> torch.device:
     if device is None or device.type not in ("cpu", "cuda") or (device.type == "cpu" and device.index is not None):
         raise CaptionerError(f"run.device: unknown device {name!r} (use auto, cpu, cuda or cuda:N)")
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise CaptionerError(f"run.device={name}: CUDA is not available on this machine")
+        raise CaptionerError(f"run.device={name}: CUDA does not work on this machine: {cuda_unavailable_reason()}")
     if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
         raise CaptionerError(f"run.device={name}: this machine has {torch.cuda.device_count()} CUDA device(s)")
     return device
+
+
+NVIDIA_DRIVER_FILE = "/proc/driver/nvidia/version"    # present where the NVIDIA kernel driver is loaded (Linux)
+
+
+def cuda_unavailable_reason() -> str:
+    """Why PyTorch cannot use CUDA here, in one line: a build without CUDA, GPUs hidden by
+    ``CUDA_VISIBLE_DEVICES``, or what CUDA's initialisation says (no driver, a driver too old for this build...)."""
+    if torch.version.cuda is None:
+        return f"this PyTorch build ({torch.__version__}) has no CUDA support"
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and visible.strip() in ("", "-1"):
+        return f"CUDA_VISIBLE_DEVICES={visible!r} hides every GPU"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            torch.cuda.init()
+        except Exception as err:     # torch raises RuntimeError or AssertionError with the driver's story
+            return _first_line(err)
+    if caught:
+        return _first_line(caught[0].message)
+    return "no CUDA device was found"
+
+
+def _first_line(message: object) -> str:
+    text = str(message).strip()
+    return text.splitlines()[0] if text else type(message).__name__
+
+
+def cpu_model() -> str:
+    """The processor's model name (``/proc/cpuinfo`` on Linux), else what the platform module says."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def nvidia_driver_version() -> str | None:
+    """The loaded NVIDIA kernel driver's version (Linux), or None where it cannot be read."""
+    try:
+        text = Path(NVIDIA_DRIVER_FILE).read_text()
+    except OSError:
+        return None
+    words = text.split()
+    return next((w for w in words if w.count(".") >= 1 and w.replace(".", "").isdigit()), None)
+
+
+def describe_device(device: torch.device) -> str:
+    """One line saying what ``device`` is: the GPU's name, memory, CUDA and driver versions, or the CPU's model,
+    vector extensions and torch threads; with the torch version."""
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        return (f"{device} = {props.name} ({props.total_memory / 2**30:.0f} GiB, compute capability "
+                f"{props.major}.{props.minor}), CUDA {torch.version.cuda}, driver {nvidia_driver_version() or 'unknown'}, "
+                f"torch {torch.__version__}")
+    return (f"cpu = {cpu_model()} ({torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} torch threads), "
+            f"torch {torch.__version__}")
 
 
 def usable_cores() -> int:
@@ -114,12 +184,13 @@ def file_sha256(path: str | Path) -> str:
     return digest.hexdigest()
 
 
-def read_json(path: str | Path) -> object:
-    """Parse a JSON file; errors name the file and the line/column at fault."""
+def read_json(path: str | Path, object_hook: Callable[[dict], object] | None = None) -> object:
+    """Parse a JSON file (each object through ``object_hook`` as it is decoded, when given); errors name the file
+    and the line/column at fault."""
     path = Path(path)
     try:
         with path.open("rb") as handle:
-            return json.load(handle)
+            return json.load(handle, object_hook=object_hook)
     except FileNotFoundError:
         raise CaptionerError(f"{path}: file not found") from None
     except json.JSONDecodeError as err:
@@ -148,3 +219,14 @@ def keep_freed_memory() -> bool:
     except (OSError, AttributeError):
         return False
     return bool(mallopt(M_MMAP_MAX, 0)) and bool(mallopt(M_TRIM_THRESHOLD, 2**30))
+
+
+def release_freed_memory() -> bool:
+    """Hand the freed memory glibc keeps (:func:`keep_freed_memory`) back to the system once (``malloc_trim``):
+    after a one-off peak such as parsing a large annotation file, whose buffers would otherwise stay resident
+    in this process and in every process forked from it. A no-op returning False where the C library is not glibc."""
+    try:
+        malloc_trim = ctypes.CDLL(None).malloc_trim     # the C library this process runs on
+    except (OSError, AttributeError):
+        return False
+    return bool(malloc_trim(0))

@@ -364,7 +364,7 @@ def test_a_resumed_run_does_not_write_onto_a_torn_metrics_line(tmp_path):
     from captioner.training.run_io import MetricsLogger
 
     (tmp_path / "metrics.jsonl").write_text('{"type": "train", "step": 1}\n{"type": "tra')   # killed mid-write
-    MetricsLogger(tmp_path, {}, "disabled").log({"type": "train", "step": 2})
+    MetricsLogger(tmp_path, {"train": {"wandb": "disabled"}}).log({"type": "train", "step": 2})
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in lines] == [1, 2]
 

@@ -4,16 +4,21 @@ Layout of a cache folder::
 
     features.npy   (N, L, D) float16 (or float32), written in place through a memory map
     status.npy     (N,) uint8: 0 = not yet written, 1 = written, 2 = image unreadable
-    meta.json      image ids (row order), grid, feature size, dtype, the encoder config
+    meta.json      image ids (row order), grid, feature size, dtype, the encoder config, the splits cached
     failed.json    {image_id: reason} for unreadable images
 
 Writing is resumable: rows already marked written are skipped when the same images and encoder are
-cached again into the same folder. Reading never loads the whole array: each lookup touches one row.
+cached again into the same folder. The disk space of the whole array is reserved when the cache is created
+(a full disk is one line then, not a crash of the memory map half-way). Reading never loads the whole
+array: each lookup touches one row.
 """
 
 from __future__ import annotations
 
+import errno
 import json
+import os
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -23,7 +28,7 @@ from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
 from captioner.data.images import image_transform, load_image
-from captioner.data.readers import ImageRecord, read_split
+from captioner.data.readers import ImageRecord, read_splits
 from captioner.errors import CaptionerError, ImageError
 from captioner.models.encoder import EncoderConfig, build_encoder
 from captioner.utils import read_json, resolve_device, write_file
@@ -59,7 +64,7 @@ def _collate_images(batch):
 def build_feature_cache(encoder, records: Sequence[ImageRecord], out_dir: str | Path, *, transform,
                         batch_size: int = 32, num_workers: int = 0, max_pixels: int = 64_000_000,
                         dtype: str = "float16", encoder_config: dict | None = None,
-                        progress: bool = True) -> dict:
+                        splits: Sequence[str] = (), progress: bool = True) -> dict:
     """Run the frozen ``encoder`` once over every record's image and store the features.
 
     Returns ``{"written": n, "failed": {image_id: reason}, "skipped": n_already_done}``.
@@ -72,7 +77,7 @@ def build_feature_cache(encoder, records: Sequence[ImageRecord], out_dir: str | 
     ids = sorted(unique)
     ordered = [unique[i] for i in ids]
     meta = {"image_ids": ids, "grid": list(encoder.grid), "feature_dim": encoder.feature_dim,
-            "dtype": dtype, "encoder": encoder_config or {}}
+            "dtype": dtype, "encoder": encoder_config or {}, "splits": list(splits)}
     shape = (len(ids), encoder.grid[0] * encoder.grid[1], encoder.feature_dim)
     features, status, failed = _open_cache(out_dir, meta, shape)
     failed_path = out_dir / "failed.json"
@@ -113,30 +118,84 @@ def cache_features(config: dict, splits: Sequence[str], folder: str | Path | Non
     folder = folder or config["data"]["features"]
     if not folder:
         raise CaptionerError("cache-features: set data.features in the config (or pass --out DIR)")
-    records = [r for split in splits for r in read_split(config["data"], split)]
+    by_split = read_splits(config["data"], splits)     # a Karpathy file parsed once for every split
+    records = [r for split in splits for r in by_split[split]]
     encoder = build_encoder(EncoderConfig(**config["encoder"])).to(resolve_device(config["run"]["device"]))
     result = build_feature_cache(encoder, records, folder, transform=image_transform(encoder), batch_size=batch_size,
                                  num_workers=config["data"]["num_workers"], max_pixels=config["data"]["max_pixels"],
-                                 dtype=dtype, encoder_config=config["encoder"], progress=progress)
+                                 dtype=dtype, encoder_config=config["encoder"], splits=splits, progress=progress)
     return {**result, "folder": str(folder)}
 
 
 def _open_cache(out_dir: Path, meta: dict, shape: tuple[int, int, int]):
     """The cache's memory maps ``(features, status)`` and its ``{image_id: reason}`` of unreadable images: those
-    already in ``out_dir`` when it holds a cache of the same images and encoder (resuming), else new ones."""
+    already in ``out_dir`` when it holds a cache of the same images and encoder (resuming), else new ones. The
+    features file's disk space is reserved either way."""
     meta_path, features_path, status_path = out_dir / "meta.json", out_dir / "features.npy", out_dir / "status.npy"
     if meta_path.exists() and features_path.exists() and status_path.exists():
-        if read_meta(out_dir) != meta:
+        if _without_splits(read_meta(out_dir)) != _without_splits(meta):
             raise CaptionerError(f"{out_dir}: holds a cache of other images or another encoder; "
                                  "choose an empty folder or delete it")
         check_arrays(out_dir, meta)
+        reserve_space(features_path)
         failed_path = out_dir / "failed.json"
         failed = read_json(failed_path) if failed_path.exists() else {}
         return np.load(features_path, mmap_mode="r+"), np.load(status_path, mmap_mode="r+"), failed
     features = np.lib.format.open_memmap(features_path, mode="w+", dtype=np.dtype(meta["dtype"]), shape=shape)
+    try:
+        reserve_space(features_path)
+    except CaptionerError:
+        del features
+        features_path.unlink()
+        raise
     status = np.lib.format.open_memmap(status_path, mode="w+", dtype=np.uint8, shape=(shape[0],))
     write_file(meta_path, json.dumps(meta))
     return features, status, {}
+
+
+def _without_splits(meta: dict) -> dict:
+    """A cache's identity: its images and encoder (caches made before meta.json named the splits match too)."""
+    return {k: v for k, v in meta.items() if k != "splits"}
+
+
+def reserve_space(path: Path) -> None:
+    """Allocate the disk blocks of ``path`` (a sparse file of its final size) now, so that a full disk is one line
+    naming the file and the space needed, instead of SIGBUS when the memory map first writes to a missing block.
+    Where the file system cannot allocate ahead (``posix_fallocate`` unsupported), its free space is checked."""
+    size = path.stat().st_size
+    allocated = path.stat().st_blocks * 512
+    needed = max(size - allocated, 0)
+    free = shutil.disk_usage(path.parent).free
+    if needed > free:
+        raise _no_space(path, size, needed, free)
+    if not hasattr(os, "posix_fallocate"):
+        return
+    fd = os.open(path, os.O_RDWR)
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as err:
+        if err.errno == errno.ENOSPC:
+            raise _no_space(path, size, needed, shutil.disk_usage(path.parent).free) from None
+        if err.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+            raise CaptionerError(f"{path}: cannot reserve {size / 1e9:.2f} GB ({err.strerror})") from None
+    finally:
+        os.close(fd)
+
+
+def _no_space(path: Path, size: int, needed: int, free: int) -> CaptionerError:
+    return CaptionerError(f"{path}: the feature cache needs {size / 1e9:.2f} GB ({needed / 1e9:.2f} GB not yet on "
+                          f"disk) and {path.parent} has {free / 1e9:.2f} GB free; free some space or choose another "
+                          "folder (data.features or --out)")
+
+
+def cache_is_complete(folder: str | Path) -> bool:
+    """Whether ``folder`` holds a feature cache with every row written or marked unreadable (a damaged cache is
+    an error naming the file)."""
+    folder = Path(folder)
+    if not (folder / "meta.json").exists():
+        return False
+    check_arrays(folder, read_meta(folder))
+    return not bool((np.load(folder / "status.npy", mmap_mode="r") == PENDING).any())
 
 
 META_KEYS = ("image_ids", "grid", "feature_dim", "dtype")

@@ -9,14 +9,15 @@ from __future__ import annotations
 import contextlib
 import io
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from pycocotools.coco import COCO
 
-from captioner.data.text import tokenize
+from captioner.data.text import has_words
 from captioner.errors import CaptionerError
-from captioner.utils import read_json
+from captioner.utils import read_json, release_freed_memory
 
 
 @dataclass
@@ -40,7 +41,8 @@ def _require(mapping: object, keys: tuple[str, ...], where: str) -> None:
 def _clean_caption(text: object, where: str) -> str:
     if not isinstance(text, str):
         raise CaptionerError(f"{where}: caption must be a string, got {type(text).__name__}")
-    return " ".join(text.split())
+    cleaned = " ".join(text.split())
+    return text if cleaned == text else cleaned      # the file's string itself when clean: no second copy
 
 
 def coco_api(path: str | Path):
@@ -74,7 +76,7 @@ def read_coco_captions(captions_file: str | Path, images_dir: str | Path, split:
             where = f"{captions_file}: annotation id {ann.get('id')}"
             _require(ann, ("caption",), where)
             caption = _clean_caption(ann["caption"], where)
-            if not tokenize(caption):
+            if not has_words(caption):
                 raise CaptionerError(f"{where}: caption {ann['caption']!r} has no words")
             captions.append(caption)
         if captions:
@@ -92,47 +94,94 @@ def read_karpathy(split_file: str | Path, image_root: str | Path, split: str, re
     ``restval`` images join the split named by ``restval`` (train by default). Image ids are COCO ids
     where the file has them (``cocoid``), else the file's ``imgid``.
     """
+    return read_karpathy_splits(split_file, image_root, (split,), restval)[split]
+
+
+def _sentence_text(item: dict) -> dict | tuple[str]:
+    """A Karpathy file's objects as they are parsed: a sentence becomes ``(raw,)``, the rest stays. Its ``tokens``
+    (unused here) would otherwise be most of the parsed file's memory, and scattered among the captions kept."""
+    raw = item.get("raw")
+    return (raw,) if isinstance(raw, str) and "sentences" not in item and "images" not in item else item
+
+
+def read_karpathy_splits(split_file: str | Path, image_root: str | Path, splits: Sequence[str],
+                         restval: str = "train") -> dict[str, list[ImageRecord]]:
+    """:func:`read_karpathy` of several splits, the file parsed once: ``{split: records}``."""
     split_file, image_root = Path(split_file), Path(image_root)
-    data = read_json(split_file)
+    data = read_json(split_file, object_hook=_sentence_text)
     _require(data, ("images",), str(split_file))
-    records = []
+    records: dict[str, list[ImageRecord]] = {split: [] for split in splits}
     for index, entry in enumerate(data["images"]):
         where = f"{split_file}: images[{index}]"
         _require(entry, ("filename", "split", "sentences"), where)
         entry_split = restval if entry["split"] == "restval" else entry["split"]
-        if entry_split != split:
+        if entry_split not in records:
             continue
         captions = []
         for k, sentence in enumerate(entry["sentences"]):
-            _require(sentence, ("raw",), f"{where}.sentences[{k}]")
-            caption = _clean_caption(sentence["raw"], f"{where}.sentences[{k}]")
-            if not tokenize(caption):
-                raise CaptionerError(f"{where}.sentences[{k}]: caption {sentence['raw']!r} has no words")
+            if not isinstance(sentence, tuple):      # not read as a sentence: say what is wrong with it
+                _require(sentence, ("raw",), f"{where}.sentences[{k}]")
+            raw = sentence[0] if isinstance(sentence, tuple) else sentence["raw"]
+            caption = _clean_caption(raw, f"{where}.sentences[{k}]")
+            if not has_words(caption):
+                raise CaptionerError(f"{where}.sentences[{k}]: caption {raw!r} has no words")
             captions.append(caption)
         image_id = entry.get("cocoid", entry.get("imgid", index))
         path = image_root / entry.get("filepath", "") / entry["filename"]
-        records.append(ImageRecord(int(image_id), path, captions, split))
+        records[entry_split].append(ImageRecord(int(image_id), path, captions, entry_split))
     return records
 
 
 def read_split(data_config: dict, split: str) -> list[ImageRecord]:
     """The records of one split as the ``data`` section of a config describes them."""
+    return read_splits(data_config, (split,))[split]
+
+
+def read_splits(data_config: dict, splits: Sequence[str]) -> dict[str, list[ImageRecord]]:
+    """``{split: records}`` of several splits (:func:`read_split`), a Karpathy file parsed once for all of them. The
+    memory that parsing took is handed back to the system afterwards (:func:`~captioner.utils.release_freed_memory`):
+    it would otherwise stay in this process, and in every DataLoader worker forked from it."""
+    try:
+        return _read_splits(data_config, splits)
+    finally:
+        release_freed_memory()
+
+
+def _read_splits(data_config: dict, splits: Sequence[str]) -> dict[str, list[ImageRecord]]:
     if data_config["format"] == "coco":
-        captions, images = data_config["captions"], data_config["images"]
-        if split not in captions or split not in images:
-            raise CaptionerError(f"config: data.captions and data.images need an entry for split '{split}'")
-        records = read_coco_captions(captions[split], images[split], split)
-        if not records:
-            raise CaptionerError(f"{captions[split]}: no captioned images in split '{split}'")
-        return records
+        out = {}
+        for split in splits:
+            captions, images = data_config["captions"], data_config["images"]
+            if split not in captions or split not in images:
+                raise CaptionerError(f"config: data.captions and data.images need an entry for split '{split}'")
+            out[split] = read_coco_captions(captions[split], images[split], split)
+            if not out[split]:
+                raise CaptionerError(f"{captions[split]}: no captioned images in split '{split}'")
+        return out
     if data_config["format"] == "karpathy":
         if not data_config["karpathy"] or not data_config["image_root"]:
             raise CaptionerError("config: data.format=karpathy needs data.karpathy and data.image_root")
-        records = read_karpathy(data_config["karpathy"], data_config["image_root"], split, data_config["restval"])
-        if not records:
-            raise CaptionerError(f"{data_config['karpathy']}: no images in split '{split}'")
-        return records
+        out = read_karpathy_splits(data_config["karpathy"], data_config["image_root"], splits, data_config["restval"])
+        for split, records in out.items():
+            if not records:
+                raise CaptionerError(f"{data_config['karpathy']}: no images in split '{split}'")
+        return out
     raise CaptionerError(f"config: data.format must be coco or karpathy, not {data_config['format']!r}")
+
+
+SPLITS = ("train", "val", "test")
+
+
+def available_splits(data_config: dict) -> list[str]:
+    """The splits of :data:`SPLITS` that the ``data`` section describes: those with captions and images (coco),
+    or those the split file holds images of (karpathy; ``restval`` counted where it goes)."""
+    if data_config["format"] == "karpathy" and data_config["karpathy"]:
+        data = read_json(data_config["karpathy"])
+        _require(data, ("images",), str(data_config["karpathy"]))
+        found = {data_config["restval"] if entry.get("split") == "restval" else entry.get("split")
+                 for entry in data["images"] if isinstance(entry, dict)}
+        return [split for split in SPLITS if split in found]
+    return [split for split in SPLITS if split in data_config["captions"] and split in data_config["images"]]
 
 
 def group_by_image(records: list[ImageRecord]) -> dict[int, list[str]]:

@@ -15,3 +15,8 @@ TOKEN_PATTERN = re.compile(r"[^\W_]+(?:['\-][^\W_]+)*")
 def tokenize(text: str) -> list[str]:
     """Lower-case ``text`` and split it into word tokens: ``"A dog's ball."`` -> ``["a", "dog's", "ball"]``."""
     return TOKEN_PATTERN.findall(text.lower())
+
+
+def has_words(text: str) -> bool:
+    """Whether :func:`tokenize` finds a word in ``text`` (without making the list)."""
+    return TOKEN_PATTERN.search(text.lower()) is not None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from captioner.data.readers import read_split
@@ -37,7 +37,11 @@ class Vocabulary:
     def build(cls, captions: Iterable[str], min_count: int = 5, max_size: int | None = None) -> "Vocabulary":
         """Keep the words seen at least ``min_count`` times, most frequent first (ties alphabetical),
         at most ``max_size`` words in all (specials included)."""
-        counts = Counter(token for caption in captions for token in tokenize(caption))
+        return cls.from_counts(Counter(token for caption in captions for token in tokenize(caption)), min_count, max_size)
+
+    @classmethod
+    def from_counts(cls, counts: Mapping[str, int], min_count: int = 5, max_size: int | None = None) -> "Vocabulary":
+        """:meth:`build` from the words' counts."""
         kept = sorted((w for w, c in counts.items() if c >= min_count and w not in SPECIALS),
                       key=lambda w: (-counts[w], w))
         if max_size is not None:
@@ -108,13 +112,17 @@ def vocabulary_report(data_config: dict, out: str | Path | None = None) -> dict:
     out = out or data_config["vocab"]
     if not out:
         raise CaptionerError("data vocab: set data.vocab in the config (or pass --out FILE)")
-    captions = [tokenize(c) for r in read_split(data_config, "train") for c in r.captions]
-    vocab = Vocabulary.build((" ".join(t) for t in captions), data_config["vocab_min_count"], data_config["vocab_max_size"])
-    counts = Counter(word for tokens in captions for word in tokens)
+    counts, lengths = Counter(), []
+    for record in read_split(data_config, "train"):     # each caption tokenised once, its tokens not kept
+        for caption in record.captions:
+            tokens = tokenize(caption)
+            counts.update(tokens)
+            lengths.append(len(tokens))
+    vocab = Vocabulary.from_counts(counts, data_config["vocab_min_count"], data_config["vocab_max_size"])
     covered = sum(n for word, n in counts.items() if word in vocab.index)
-    lengths = sorted(len(t) for t in captions)
+    lengths.sort()
     save_vocabulary(vocab, out)
-    return {"vocabulary": str(out), "words": len(vocab), "train_captions": len(captions),
+    return {"vocabulary": str(out), "words": len(vocab), "train_captions": len(lengths),
             "distinct_train_words": len(counts), "token_coverage": round(covered / max(sum(counts.values()), 1), 4),
             "caption_length_p50_p95_max": [lengths[len(lengths) // 2], lengths[int(len(lengths) * 0.95)],
                                            lengths[-1]] if lengths else None,

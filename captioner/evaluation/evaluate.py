@@ -20,8 +20,7 @@ from captioner.evaluation.generate import caption_texts, generate_captions, read
 from captioner.evaluation.grounding import (
     ShapesTargets,
     ground,
-    load_image_sizes,
-    load_targets,
+    load_instances,
 )
 from captioner.evaluation.shapes_metrics import shapes_scores
 from captioner.utils import file_sha256, resolve_device, write_file
@@ -43,8 +42,7 @@ def _targets(config: dict, split: str, required: bool = False):
     if instances and not required and not Path(instances).is_file():
         log.warning("%s: instances file not found (data.instances); no shapes measures or grounding", instances)
         return None, {}
-    targets = load_targets(instances)
-    return targets, (load_image_sizes(instances) if targets is not None else {})
+    return load_instances(instances)     # the file parsed once for both
 
 
 def evaluate_checkpoint(checkpoints: str | Path | Sequence[str | Path], split: str = "test", *,

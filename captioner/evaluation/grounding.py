@@ -43,7 +43,7 @@ from captioner.data.shapes import COLOURS, SHAPES
 from captioner.decoding.search import Generation
 from captioner.errors import CaptionerError
 from captioner.evaluation.coco_words import phrase_categories
-from captioner.evaluation.shapes_metrics import load_shapes_objects
+from captioner.evaluation.shapes_metrics import shapes_objects
 from captioner.utils import read_json
 
 
@@ -134,11 +134,17 @@ class CocoTargets:
     """Targets on COCO: category words of ``instances_file`` (a COCO ``instances_*.json``), grounded in
     the union of the category's instance masks in each image."""
 
-    def __init__(self, instances_file: str | Path):
+    def __init__(self, instances_file: str | Path, dataset: dict | None = None):
+        """``dataset``: the file's parsed JSON, when the caller has it already (the file is not read again)."""
         self.file = instances_file
         try:
             with contextlib.redirect_stdout(io.StringIO()):  # pycocotools prints its progress
-                self.coco = COCO(str(instances_file))
+                if dataset is None:
+                    self.coco = COCO(str(instances_file))
+                else:
+                    self.coco = COCO()
+                    self.coco.dataset = dataset
+                    self.coco.createIndex()
             self.category_ids = {c["name"]: c["id"] for c in self.coco.loadCats(self.coco.getCatIds())}
         except KeyError as err:      # a captions file, say: no 'categories'
             raise CaptionerError(f"{instances_file}: not a COCO instances file (no {err})") from None
@@ -185,12 +191,19 @@ def load_targets(instances_file: str | Path) -> ShapesTargets | CocoTargets | No
     """The targets of an instances file: shapes objects when its annotations carry colours, else COCO
     categories; None when no file is named. A named file that is not there is a
     :class:`~captioner.errors.CaptionerError`."""
+    return load_instances(instances_file)[0]
+
+
+def load_instances(instances_file: str | Path) -> tuple[ShapesTargets | CocoTargets | None, dict[int, tuple[int, int]]]:
+    """``(load_targets(instances_file), load_image_sizes(instances_file))``, the file parsed once; ``(None, {})``
+    when no file is named."""
     if not instances_file:
-        return None
+        return None, {}
     if not Path(instances_file).is_file():
         raise CaptionerError(f"{instances_file}: instances file not found (data.instances)")
-    objects = load_shapes_objects(instances_file)
-    return ShapesTargets(objects) if objects else CocoTargets(instances_file)
+    data = read_json(instances_file)
+    objects = shapes_objects(data, instances_file)
+    return (ShapesTargets(objects) if objects else CocoTargets(instances_file, data)), _image_sizes(data)
 
 
 @dataclass
@@ -278,7 +291,11 @@ def boxes_of_named_objects(instances_file: str | Path, image_path: str | Path, w
 
 def load_image_sizes(instances_file: str | Path) -> dict[int, tuple[int, int]]:
     """``{image_id: (width, height)}`` from a COCO instances (or captions) file."""
-    return {image["id"]: (int(image["width"]), int(image["height"])) for image in read_json(instances_file).get("images", [])}
+    return _image_sizes(read_json(instances_file))
+
+
+def _image_sizes(data: dict) -> dict[int, tuple[int, int]]:
+    return {image["id"]: (int(image["width"]), int(image["height"])) for image in data.get("images", [])}
 
 
 def format_grounding(grounding: dict) -> str:

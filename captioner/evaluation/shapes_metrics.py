@@ -103,7 +103,11 @@ def load_shapes_objects(instances_file: str | Path) -> dict[int, list[dict]]:
     file whose annotations carry no "colour" (not shapes data), so callers can skip the measures.
     Raises :class:`CaptionerError` for a file that cannot be read or is not COCO instances.
     """
-    data = read_json(instances_file)
+    return shapes_objects(read_json(instances_file), instances_file)
+
+
+def shapes_objects(data: object, instances_file: str | Path) -> dict[int, list[dict]]:
+    """:func:`load_shapes_objects` of the file's parsed JSON ``data``."""
     try:
         names = {category["id"]: category["name"] for category in data.get("categories", [])}
         annotations = data.get("annotations", [])

@@ -32,8 +32,8 @@ from captioner.data.dataset import (
     make_dataset,
     visual_inputs,
 )
-from captioner.data.feature_cache import check_cache_matches
-from captioner.data.readers import read_split
+from captioner.data.feature_cache import cache_features, cache_is_complete, check_cache_matches
+from captioner.data.readers import available_splits, read_splits
 from captioner.data.vocabulary import Vocabulary, training_vocabulary
 from captioner.decoding.search import DecodeConfig
 from captioner.errors import CaptionerError
@@ -51,7 +51,7 @@ from captioner.training.distributed import (
 from captioner.training.losses import build_loss
 from captioner.training.run_io import GracefulStop, MetricsLogger
 from captioner.training.scst import SelfCritical, metric_reward
-from captioner.utils import rng_state, seed_everything, set_rng_state
+from captioner.utils import describe_device, rng_state, seed_everything, set_rng_state
 
 log = logging.getLogger(__name__)
 
@@ -169,6 +169,10 @@ def check_train_settings(config: dict, world: World) -> int:
     train = config["train"]
     if train["nonfinite"] not in ("stop", "skip"):
         raise CaptionerError(f"train.nonfinite must be 'stop' or 'skip', not {train['nonfinite']!r}")
+    if train["wandb"] not in ("offline", "online", "disabled"):
+        raise CaptionerError(f"train.wandb must be offline, online or disabled, not {train['wandb']!r}")
+    if not all(isinstance(tag, str) for tag in train["wandb_tags"]):
+        raise CaptionerError(f"train.wandb_tags must be a list of words, not {train['wandb_tags']!r}")
     if train["batch_size"] % world.size:
         raise CaptionerError(f"train.batch_size={train['batch_size']} is the global batch: it must split evenly over "
                              f"{world.size} processes")
@@ -205,15 +209,20 @@ def make_scheduler(optimizer, config: dict, steps_per_epoch: int) -> torch.optim
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup if warmup else 1.0) * decay(step))
 
 
+def amp_dtype(device: torch.device) -> torch.dtype:
+    """The low precision of ``train.amp`` on ``device``: bf16 on the CPU and on GPUs that support it, else fp16."""
+    if device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        return torch.float16
+    return torch.bfloat16
+
+
 def autocast(device: torch.device, enabled: bool):
-    """Mixed precision: on CUDA bf16 where supported, else fp16 (with a gradient scaler); on CPU bf16. Matrix
-    products run in the low precision; softmax, log-softmax and the losses stay float32 (autocast's lists, and
-    the decoders and losses cast to float32 where they normalise)."""
+    """Mixed precision in :func:`amp_dtype` (fp16 with a gradient scaler). Matrix products run in the low
+    precision; softmax, log-softmax and the losses stay float32 (autocast's lists, and the decoders and losses
+    cast to float32 where they normalise)."""
     if not enabled:
         return contextlib.nullcontext()
-    if device.type == "cuda":
-        return torch.autocast("cuda", dtype=torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16)
-    return torch.autocast(device.type, dtype=torch.bfloat16)
+    return torch.autocast(device.type, dtype=amp_dtype(device))
 
 
 def wrap_model(model: Captioner, config: dict, world: World, device: torch.device) -> nn.Module:
@@ -249,7 +258,8 @@ def build_run(config: dict, world: World, device: torch.device, checkpoint: dict
     from the weights and vocabulary of ``initial`` (``train.init_from``)."""
     data, train = config["data"], config["train"]
     rank_batch = check_train_settings(config, world)
-    train_records, val_records = read_split(data, "train"), read_split(data, "val")
+    by_split = read_splits(data, ("train", "val"))     # a Karpathy file parsed once for both
+    train_records, val_records = by_split["train"], by_split["val"]
     carried = checkpoint or initial
     vocab = Vocabulary.from_dict(carried["vocab"]) if carried else training_vocabulary(data, train_records)
     model = build_model(config, len(vocab), pretrained=carried is None)
@@ -271,12 +281,36 @@ def build_run(config: dict, world: World, device: torch.device, checkpoint: dict
     return Run(config=config, world=world, device=device, dir=Path(config["run"]["out"]), vocab=vocab, model=model,
                net=wrap_model(model, config, world, device), loss=build_loss(model.decoder, config["loss"]).to(device),
                optimizer=optimizer, scheduler=make_scheduler(optimizer, config, len(first)),
-               scaler=torch.amp.GradScaler(device.type, enabled=train["amp"] and device.type == "cuda"
-                                           and not torch.cuda.is_bf16_supported()),
+               scaler=torch.amp.GradScaler(device.type, enabled=train["amp"] and amp_dtype(device) == torch.float16),
                loaders=loaders, val_set=make_dataset(config, val_records, vocab, model.encoder, pairs=False),
                self_critical=self_critical,
-               logger=MetricsLogger(Path(config["run"]["out"]), config, train["wandb"], enabled=world.is_main),
+               logger=MetricsLogger(Path(config["run"]["out"]), config, resume=checkpoint is not None,
+                                    enabled=world.is_main),
                rank_batch=rank_batch)
+
+
+def startup_facts(run: Run) -> list[str]:
+    """What a run states when it starts: the device, the precision, the world, the data and the vocabulary."""
+    train, data = run.config["train"], run.config["data"]
+    precision = "float32"
+    if train["amp"]:
+        precision = {torch.bfloat16: "bf16 autocast", torch.float16: "fp16 autocast with a gradient scaler"}[
+            amp_dtype(run.device)]
+    world = (f"{run.world.size} processes ({'nccl' if run.device.type == 'cuda' else 'gloo'}), global batch "
+             f"{train['batch_size']} = {run.rank_batch} per process" if run.world.distributed
+             else f"1 process, batch {train['batch_size']}")
+    pairs, val = run.loaders["xe"].dataset, run.val_set
+    source = (f"features cached in {data['features']} ({pairs.features.grid[0]}x{pairs.features.grid[1]} regions of "
+              f"{pairs.features.feature_dim})" if pairs.features is not None
+              else f"images through {run.config['encoder']['name']} at {run.config['encoder']['image_size']} px")
+    missing = f", {len(pairs.missing)} missing from the cache and skipped" if pairs.missing else ""
+    return [f"device: {describe_device(run.device)}",
+            f"precision: {precision}{' (train.amp)' if train['amp'] else ''}; compile: {train['compile']}",
+            f"world: {world}",
+            f"data: train {len(pairs.records):,} images, {len(pairs):,} captions{missing}; val {len(val.records):,} "
+            f"images ({min(len(val.records), train['val_max_images']):,} decoded per validation); {source}",
+            f"vocabulary: {len(run.vocab):,} words; model: {run.config['model']['decoder']} decoder, "
+            f"{sum(p.numel() for p in run.model.parameters() if p.requires_grad):,} trained parameters"]
 
 
 def make_self_critical(config: dict, vocab: Vocabulary, train_records) -> SelfCritical:
@@ -461,6 +495,24 @@ def stopped_early(state: TrainState, train: dict) -> bool:
     return bool(train["early_stopping"]) and state.stale >= train["early_stopping"]
 
 
+def prepare_feature_cache(config: dict, world: World) -> None:
+    """Training from ``data.features`` that holds no cache yet, or an unfinished one: cache the encoder's
+    features of the data's splits first (resumable), so that a run needs no separate ``cache-features`` step.
+    Under torchrun the cache must be made beforehand (the other ranks would wait on rank 0 for hours)."""
+    folder = config["data"]["features"]
+    if not folder or cache_is_complete(folder):
+        return
+    if world.distributed:
+        raise CaptionerError(f"{folder}: no finished feature cache; make it before starting torchrun "
+                             "(captioner cache-features CONFIG)")
+    splits = available_splits(config["data"])
+    log.info("%s: no finished feature cache; caching the encoder's features of %s first (resumable)", folder,
+             ", ".join(splits))
+    result = cache_features(config, splits)
+    if result["failed"]:
+        log.warning("%s: %d unreadable image(s) left out (listed in failed.json)", folder, len(result["failed"]))
+
+
 def train(config: dict, *, resume: bool = False, overwrite: bool = False, progress: bool = True) -> dict:
     """Train a model as ``config`` says; returns ``{"best": score, "checkpoint": path, "train_seconds": s, ...}``
     (``stopped``: True when a signal stopped it part-way, with a resumable ``last.pt`` saved). ``progress``:
@@ -478,14 +530,17 @@ def train(config: dict, *, resume: bool = False, overwrite: bool = False, progre
 def _train(config: dict, world: World, device: torch.device, *, resume: bool, overwrite: bool, progress: bool) -> dict:
     run_dir = Path(config["run"]["out"])
     prepare_run_dir(run_dir, resume=resume, overwrite=overwrite, world=world)
-    seed_everything(config["run"]["seed"])
     config, initial = initial_checkpoint(config)
+    prepare_feature_cache(config, world)      # before seeding: its loader draws from the global generator
+    seed_everything(config["run"]["seed"])
     checkpoint = resumable_checkpoint(config, run_dir / "last.pt") if resume else None
     run = build_run(config, world, device, checkpoint, None if checkpoint else initial)
     if not resume:
         clear_replaced_run(run_dir, world)
     state = restore(run, checkpoint) if checkpoint else TrainState()
     if world.is_main:
+        for fact in startup_facts(run):
+            log.info(fact)
         save_config(config, run_dir / "config.yaml")
     stopped = False
     try:

@@ -6,28 +6,43 @@ from __future__ import annotations
 import json
 import logging
 import os
+import secrets
 import signal
 from pathlib import Path
+
+from captioner.utils import write_file
 
 log = logging.getLogger(__name__)
 
 
 class MetricsLogger:
-    """Appends one JSON object per record to ``metrics.jsonl`` and mirrors it to wandb when enabled;
-    silent where ``enabled`` is false (ranks other than 0)."""
+    """Appends one JSON object per record to ``metrics.jsonl`` and mirrors it to wandb when ``train.wandb`` is
+    not ``disabled`` (project, entity and tags from ``train.wandb_*``); silent where ``enabled`` is false (ranks
+    other than 0). The W&B run id is kept in the run folder (``wandb_run_id``), so that a resumed run goes on
+    logging to the same W&B run."""
 
-    def __init__(self, run_dir: Path, config: dict, wandb_mode: str, enabled: bool = True):
+    ID_FILE = "wandb_run_id"
+
+    def __init__(self, run_dir: Path, config: dict, resume: bool = False, enabled: bool = True):
         self.path = run_dir / "metrics.jsonl"
         self.enabled = enabled
         if enabled:
             self._drop_partial_last_line()
         self.wandb = None
-        if enabled and wandb_mode != "disabled":
+        train = config["train"]
+        if enabled and train["wandb"] != "disabled":
             import wandb  # imported only when used: it takes seconds and starts background threads
 
             os.environ.setdefault("WANDB_SILENT", "true")
-            self.wandb = wandb.init(project="captioner", dir=str(run_dir), config=config, mode=wandb_mode,
-                                    name=run_dir.name, reinit="finish_previous")
+            id_file = run_dir / self.ID_FILE
+            run_id = id_file.read_text().strip() if resume and id_file.exists() else None
+            if run_id is None:
+                run_id = secrets.token_hex(4)
+                write_file(id_file, run_id + "\n")
+            self.wandb = wandb.init(project=train["wandb_project"], entity=train["wandb_entity"],
+                                    tags=list(train["wandb_tags"]), dir=str(run_dir), config=config,
+                                    mode=train["wandb"], name=run_dir.name, id=run_id, resume="allow",
+                                    reinit="finish_previous")
 
     def _drop_partial_last_line(self) -> None:
         """A run killed while writing a record (or stopped by a full disk) leaves a line without its newline;
