@@ -4,7 +4,8 @@ words/s, beam search with and without the key/value cache), how cost grows with 
 (with peak memory), feature caching images/s, private memory of cached-feature training as the
 cache grows, self-critical training images/s with the share of the step each part takes, and
 ``captioner serve`` under 1, 4 and 16 concurrent clients with dynamic batching on and off, and decoding
-beside a busy Python thread against beside a busy process (why the server decodes in a process of its own), and a
+beside a busy Python thread against beside a busy process (why the server decodes in a process of its own),
+``captioner serve`` soaked by 16 legitimate clients beside 16 hostile ones (latency, failures, peak memory), and a
 full-scale COCO rehearsal (a COCO-2014-shaped tree of 10,000, 40,000 and 123,287 images through the real command
 line, each stage's time and peak memory; about 10 minutes on a 2-core CPU and 1.1 GB kept under /tmp/coco_scale;
 --quick: one tree of 500 images in a temporary folder, a minute). Each script also runs alone and prints its own JSON.
@@ -26,7 +27,7 @@ SCRIPTS = {"lstm_decoder": ("bench_decoder.py", False), "transformer_decoder": (
            "scaling": ("bench_scaling.py", True), "feature_cache": ("bench_feature_cache.py", True),
            "cache_memory": ("bench_cache_memory.py", False), "scst": ("bench_scst.py", True),
            "serve": ("bench_serve.py", True), "decode_beside_python": ("bench_decode_beside_python.py", False),
-           "coco_scale": ("bench_coco_scale.py", False)}
+           "serve_soak": ("bench_serve_soak.py", True), "coco_scale": ("bench_coco_scale.py", False)}
 
 
 def main() -> int:

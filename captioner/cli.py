@@ -169,11 +169,14 @@ def _cmd_compare(args) -> int:
 
 
 def _cmd_serve(args) -> int:
+    from captioner.serve.access import TOKEN_VARIABLE
     from captioner.serve.app import serve
 
     serve(args.checkpoints, host=args.host, port=args.port, device=args.device, overrides=args.overrides,
           beam=args.beam, max_pixels=args.max_pixels, max_batch=args.max_batch, max_wait_ms=args.max_wait_ms,
-          max_upload_mb=args.max_upload_mb, decode_in=args.decode_in)
+          max_upload_mb=args.max_upload_mb, decode_in=args.decode_in, max_queue=args.max_queue,
+          timeout_s=args.timeout_s, allow_hosts=args.allow_host, cors_origins=args.cors_origin,
+          token=args.token if args.token is not None else os.environ.get(TOKEN_VARIABLE))
     return 0
 
 
@@ -379,6 +382,39 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--decode-in", choices=("process", "thread"), default="process",
                        help="process (default): the models decode in a child process of their own, so that decoding "
                             "never waits for the web server's Python; thread: in the server's own process")
+    serve.add_argument("--max-queue", type=_positive_int, default=64,
+                       help="most caption and figure requests in the server at once (receiving, waiting, decoding); "
+                            "more are refused at once with 503 and Retry-After (default: 64)")
+    serve.add_argument("--timeout-s", type=_positive_float, default=30.0,
+                       help="a caption or figure request is answered within this many seconds of its headers: past "
+                            "it, 408 when its upload had not arrived, else 504 (default: 30)")
+
+    def host_pattern(text: str) -> str:
+        name = text.removeprefix("*.")
+        if text != "*" and not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?)*",
+                                            name):
+            raise argparse.ArgumentTypeError(f"must be a host name (example.org), *.example.org or *, not {text!r}")
+        return text
+
+    def origin(text: str) -> str:
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(text)
+        if parts.scheme not in ("http", "https") or not parts.hostname or parts.path not in ("", "/") or parts.query:
+            raise argparse.ArgumentTypeError(f"must be an origin such as http://localhost:3000, not {text!r}")
+        return text.rstrip("/")
+
+    serve.add_argument("--allow-host", type=host_pattern, action="append", default=[], metavar="NAME",
+                       help="another name the server answers to (repeatable; *.example.org: any under it, *: any); "
+                            "requests naming others in their Host header are refused, against DNS rebinding "
+                            "(default: localhost, any IP address, and --host when it is a name)")
+    serve.add_argument("--token", default=None,
+                       help="every API request must carry 'Authorization: Bearer TOKEN'; the page reads it from "
+                            "its address, http://HOST:PORT/#token=TOKEN (default: the CAPTIONER_TOKEN environment "
+                            "variable, else none: do not listen beyond this machine without one)")
+    serve.add_argument("--cors-origin", type=origin, action="append", default=[], metavar="ORIGIN",
+                       help="a web origin (http://localhost:3000) whose pages may call the API, with CORS headers "
+                            "(repeatable; default: none, and POSTs from other origins are refused)")
     serve.set_defaults(func=_cmd_serve)
 
     demo = sub.add_parser("demo", help="the main job on the embedded shapes data: generate, train, evaluate, draw")

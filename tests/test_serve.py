@@ -13,6 +13,7 @@ import sys
 import threading
 import zlib
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import jsonschema
@@ -30,6 +31,7 @@ from captioner.serve.checkpoints import load_served_models
 from captioner.visualisation.attention_figure import upsample_attention
 
 UPLOAD_MB = 1
+LOCAL = "http://localhost"      # a Host the server answers to (TestClient's own, testserver, it refuses)
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +42,7 @@ def served(served_checkpoints):
 @pytest.fixture(scope="module")
 def client(served):
     with TestClient(create_app(served, max_batch=8, max_wait_ms=5, max_upload_mb=UPLOAD_MB),
-                    raise_server_exceptions=False) as client:
+                    raise_server_exceptions=False, base_url=LOCAL) as client:
         yield client
 
 
@@ -86,7 +88,11 @@ def test_models_health_and_openapi_describe_the_server(client, served):
     assert all(m["encoder"] == "mobilenet_v2" for m in models["models"]) and by_name["wide"]["decoder"] == "lstm"
     assert by_name["soft"]["vocab_size"] == len(served["soft"].vocab)
     assert models["max_beam"] == MAX_BEAM and models["max_upload_mb"] == UPLOAD_MB
-    assert client.get("/health").json() == {"status": "ok", "models": list(by_name), "queued": 0}
+    assert all(set(m) == {"name", "decoder", "attention", "encoder", "vocab_size", "grid", "image_size", "beam",
+                          "max_length", "max_pixels"} for m in models["models"])     # no file paths
+    folder = str(Path(served["soft"].path).parent.parent)
+    assert folder not in client.get("/api/models").text and folder not in client.get("/openapi.json").text
+    assert client.get("/health").json() == {"status": "ok", "models": list(by_name), "queued": 0, "in_flight": 0}
     schema = client.get("/openapi.json").json()
     assert {"/api/caption", "/api/figure", "/api/models", "/api/overlay-operators", "/health"} <= set(schema["paths"])
     form = schema["paths"]["/api/caption"]["post"]["requestBody"]["content"]["multipart/form-data"]["schema"]
@@ -147,7 +153,7 @@ def test_figure_is_the_png_captioner_attend_writes(client, served, images, tmp_p
     assert response.content == (tmp_path / "attend.png").read_bytes()
 
 
-@pytest.mark.parametrize("grid, size", [((2, 2), (32, 32)), ((2, 4), (48, 160)), ((14, 14), (300, 200)), ((3, 5), (7, 5))])
+@pytest.mark.parametrize("grid, size", [((2, 2), (32, 32)), ((2, 4), (48, 160)), ((2, 2), (480, 320)), ((2, 4), (7, 5))])
 @pytest.mark.parametrize("smooth", [True, False])
 def test_overlay_operators_are_the_upsampling_of_captioner_attend(client, grid, size, smooth):
     query = {"grid_height": grid[0], "grid_width": grid[1], "height": size[0], "width": size[1], "smooth": smooth}
@@ -158,6 +164,17 @@ def test_overlay_operators_are_the_upsampling_of_captioner_attend(client, grid, 
     page = rows @ attention_map @ columns.T
     expected = upsample_attention(attention_map, size, smooth)
     assert np.allclose(page / page.max(), expected / expected.max(), atol=1e-12)
+
+
+def test_overlay_operators_answer_only_for_the_loaded_grids_and_the_pages_sizes(client):
+    """The page draws at most 480 pixels a side with the grids of the loaded models: nothing else is computed
+    (the issue's probe, 4096 x 4096 on a 4096 x 4096 grid, was a 134 MB answer)."""
+    query = {"grid_height": 4096, "grid_width": 4096, "height": 4096, "width": 4096}
+    for changes, words in [({}, "less than or equal to 480"), ({"grid_height": 40, "grid_width": 40, "height": 480, "width": 480}, "no checkpoint"),
+                           ({"grid_height": 3, "grid_width": 5, "height": 480, "width": 480}, "2x2, 2x4"),
+                           ({"grid_height": 2, "grid_width": 2, "height": 481, "width": 10}, "480")]:
+        response = client.get("/api/overlay-operators", params={**query, **changes})
+        assert response.status_code == 422 and len(response.content) < 1000 and words in assert_json_error(response)
 
 
 def bad_requests():
@@ -198,7 +215,7 @@ def test_every_bad_upload_gets_a_one_line_4xx_json_error(client, case, arguments
 
 def test_pixel_limit_is_the_servers_and_refused_from_the_header(served_checkpoints, images):
     limited = load_served_models([served_checkpoints["soft"]], torch.device("cpu"), max_pixels=1000)
-    with TestClient(create_app(limited), raise_server_exceptions=False) as small:
+    with TestClient(create_app(limited), raise_server_exceptions=False, base_url=LOCAL) as small:
         message = assert_json_error(post(small, images[0]))
         assert "32x32 = 1024 pixels" in message and "limit of 1000" in message
         assert small.post("/api/caption", files={"image": ("a.png", png_header_only(5, 5), "image/png")}).status_code == 422
@@ -250,10 +267,14 @@ def test_serve_command_user_errors_are_one_line(tmp_path, capsys, served_checkpo
         port = taken.getsockname()[1]
         assert main(["serve", str(served_checkpoints["soft"]), "--port", str(port)]) == 1
     assert capsys.readouterr().err.strip() == f"captioner: error: 127.0.0.1:{port}: cannot listen there (Address already in use)"
-    for option, value in (("--port", "99999"), ("--max-wait-ms", "-5"), ("--max-upload-mb", "0"), ("--max-pixels", "0")):
+    for option, value in (("--port", "99999"), ("--max-wait-ms", "-5"), ("--max-upload-mb", "0"), ("--max-pixels", "0"),
+                          ("--max-queue", "0"), ("--timeout-s", "0"), ("--allow-host", "evil example"),
+                          ("--cors-origin", "localhost:3000"), ("--cors-origin", "http://x.org/page")):
         with pytest.raises(SystemExit) as refused:
             main(["serve", str(served_checkpoints["soft"]), option, value])
         assert refused.value.code == 2 and f"argument {option}: must be" in capsys.readouterr().err
+    assert main(["serve", str(served_checkpoints["soft"]), "--token", "two words"]) == 1
+    assert "the token (--token or CAPTIONER_TOKEN) must be printable ASCII" in capsys.readouterr().err
 
 
 @pytest.mark.slow

@@ -5,6 +5,9 @@ depends on timing."""
 
 import concurrent.futures
 import contextlib
+import os
+import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +18,7 @@ from captioner.errors import CaptionerError, ImageError
 from captioner.serve.batching import DynamicBatcher
 from captioner.serve.checkpoints import load_served_models
 from captioner.serve.decoding_process import DecodingProcess, LoadSettings
+from captioner.serve.errors import Unavailable
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +30,7 @@ def served(served_checkpoints):
 def tensors(served, tiny_coco):
     """Each test image as each checkpoint's encoder input, by checkpoint name."""
     paths = sorted((tiny_coco / "images" / "test").glob("*.png")) + sorted((tiny_coco / "images" / "val").glob("*.png"))
-    return {name: [model.read(path.read_bytes(), path.name)[1] for path in paths] for name, model in served.items()}
+    return {name: [model.read(path.read_bytes(), path.name).pixels for path in paths] for name, model in served.items()}
 
 
 def run_queued(batcher: DynamicBatcher, jobs: list) -> list:
@@ -134,34 +138,40 @@ def test_cancelled_jobs_are_skipped_and_closing_cancels_what_is_left():
 
 
 def test_the_decoding_process_gives_the_captions_of_the_server_process(served, served_checkpoints, tensors, tiny_coco):
-    tiny_png = next((tiny_coco / "images" / "test").glob("*.png")).read_bytes()
     """The models in a child process (captioner serve's default) decode every checkpoint's batches as the
-    models of the server's own process do; a failing batch fails alone and the child goes on. The server's
-    process gets descriptions without weights, which read uploads and describe the models as the loaded ones."""
+    models of the server's own process do; a failing batch fails alone and the child goes on; a child killed
+    fails its batch with a 503 and is replaced. The server's process gets descriptions without weights, which
+    read uploads and describe the models as the loaded ones."""
+    tiny_png = next((tiny_coco / "images" / "test").glob("*.png")).read_bytes()
     names = list(served_checkpoints)
     with DecodingProcess(LoadSettings([str(served_checkpoints[name]) for name in names], "cpu")) as process:
         assert list(process.models) == names
         for name, description in process.models.items():
             assert description.model is None and description.describe() == served[name].describe()
-            assert torch.equal(description.read(tiny_png, "a.png")[1], served[name].read(tiny_png, "a.png")[1])
+            assert torch.equal(description.read(tiny_png, "a.png").pixels, served[name].read(tiny_png, "a.png").pixels)
         for name, beam in [("soft", 3), ("hard", 2), ("transformer", 2)]:
             assert_same_captions(process.caption((name, beam), tensors[name]), served[name].caption(tensors[name], beam))
         with pytest.raises(RuntimeError, match="decoding failed in the decoding process: KeyError"):
             process.caption(("nobody", 1), tensors["soft"])
         assert_same_captions(process.caption(("wide", 1), tensors["wide"][:1]), served["wide"].caption(tensors["wide"][:1], 1))
-        assert process.alive
-        process._process.kill()
-        process._process.join()
-        with pytest.raises(RuntimeError, match="the decoding process ended"):
+        assert process.ready and process.problem is None
+        os.kill(process._process.pid, signal.SIGKILL)         # killed (the OOM killer): a 503, then a new child
+        with pytest.raises(Unavailable, match="the decoding process ended") as refused:
             process.caption(("soft", 1), tensors["soft"])
-        assert not process.alive
+        assert refused.value.status == 503 and int(refused.value.headers["Retry-After"]) >= 1
+        deadline = time.monotonic() + 120
+        while not process.ready and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert process.ready and process.restarts == 1
+        assert_same_captions(process.caption(("soft", 3), tensors["soft"]), served["soft"].caption(tensors["soft"], 3))
+    assert not process.ready and process.problem == "the server is stopping"
     with pytest.raises(CaptionerError, match="missing.pt: checkpoint not found"):    # a user's error, as it is
         DecodingProcess(LoadSettings([str(Path(served_checkpoints["soft"]).parent / "missing.pt")], "cpu")).start()
 
 
 def test_read_refuses_bad_bytes_with_the_upload_name(served, tiny_coco):
     path = next((tiny_coco / "images" / "test").glob("*.png"))
-    image, tensor = served["wide"].read(path.read_bytes(), "cat.png")
-    assert image.size == load_image(path).size and tensor.shape == (3, 32, 64) and tensor.dtype == torch.uint8
+    image, size, tensor = served["wide"].read(path.read_bytes(), "cat.png")
+    assert image.size == size == load_image(path).size and tensor.shape == (3, 32, 64) and tensor.dtype == torch.uint8
     with pytest.raises(ImageError, match=r"^cat\.png: .*empty"):
         served["wide"].read(b"", "cat.png")

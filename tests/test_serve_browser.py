@@ -2,7 +2,8 @@
 live server on 127.0.0.1. It uploads a shapes image, waits for every checkpoint's caption, moves over a
 word and checks the overlay pixel for pixel against `captioner attend`'s (smooth and raw grid), hard
 attention's chosen cell, the keyboard, the play button, the figure download, a phone-width layout, drop and
-paste, and that the console stayed clean; it saves a screenshot.
+paste, and that the console stayed clean; it saves a screenshot. A second test opens the page of a server
+that wants a token, without it and then with it in the page's address.
 
 Skipped, saying why, without Chromium or Playwright; CAPTIONER_REQUIRE_BROWSER=1 (set by .ci/run) makes that
 a failure. CAPTIONER_CHROMIUM names the browser (default: chromium on the PATH). The README's screenshot:
@@ -272,3 +273,24 @@ def check_drop_and_paste(page: Page, image_path: Path) -> None:
         page.page.wait_for_function("() => document.querySelector('#status').textContent.startsWith('Captioned by')",
                                     timeout=TIMEOUT_MS)
         assert page.card(0).locator(".word").count() > 0
+
+
+def test_the_page_reads_the_servers_token_from_its_address(sync_api, served, shapes_image):
+    """Served with a token: without it the page says so (the server's 401 message); opened as .../#token=T it
+    keeps the token for the tab, takes it out of the address bar and captions as without one."""
+    with live_server(create_app(served, token="page-token")) as url, sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page()
+            page.goto(url, timeout=TIMEOUT_MS)
+            page.wait_for_function("() => document.querySelector('#status').textContent.includes('needs its token')",
+                                   timeout=TIMEOUT_MS)
+            page = browser.new_page()           # a new tab: a changed fragment alone loads nothing
+            page.goto(f"{url}/#token=page-token", timeout=TIMEOUT_MS)
+            page.wait_for_selector("#beam option", state="attached", timeout=TIMEOUT_MS)
+            assert page.evaluate("location.hash") == "" and page.evaluate("sessionStorage.getItem('captioner-token')") == "page-token"
+            page.set_input_files("#file-input", str(shapes_image))
+            page.wait_for_function("() => document.querySelector('#status').textContent.startsWith('Captioned by')",
+                                   timeout=TIMEOUT_MS)
+        finally:
+            browser.close()

@@ -2,7 +2,8 @@
 
 :func:`load_image` turns every way a file can be unusable (missing, empty, not an image, truncated,
 corrupt, too large) into an :class:`~captioner.errors.ImageError` whose message starts with the path.
-It reads the bytes of a file received some other way (an upload) with the same checks.
+It reads the bytes of a file received some other way (an upload) with the same checks;
+:func:`load_image_reduced` decodes a large image only as large as its caller needs (a server's bounded memory).
 Images it accepts come back in mode ``"RGB"``, rotated as their EXIF orientation tag says, with
 transparent pixels composited on white and high bit depth data (16-bit, 32-bit int, float) scaled
 to 8 bits. :func:`image_transform` turns them into the tensors an encoder reads.
@@ -24,10 +25,11 @@ import stat
 import struct
 import threading
 from collections.abc import Iterator
+from typing import BinaryIO
 
 import numpy as np
 import torch
-from PIL import Image, ImageFile, ImageOps, UnidentifiedImageError
+from PIL import ExifTags, Image, ImageFile, ImageOps, UnidentifiedImageError
 from torchvision.transforms import v2 as transforms
 
 from captioner.errors import ImageError
@@ -44,13 +46,13 @@ _DECODE_ERRORS = (OSError, SyntaxError, ValueError, EOFError, struct.error)
 _RAISE_LIMIT = "raise the limit with --max-pixels N (caption, attend, serve) or the data.max_pixels setting"
 
 
-def load_image(source: str | os.PathLike[str] | bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS,
+def load_image(source: str | os.PathLike[str] | bytes | BinaryIO, *, max_pixels: int = DEFAULT_MAX_PIXELS,
                name: str | None = None) -> Image.Image:
     """Read and fully decode the image at ``source``; return it in mode ``"RGB"``.
 
     Args:
         source: the image file (any format PIL reads; only the first frame of animations is used), or
-            the whole content of one as ``bytes`` (an uploaded file).
+            the whole content of one as ``bytes`` or an open binary file (an uploaded file).
         max_pixels: refuse images whose ``width * height`` exceeds this, judged from the header
             before any pixel data is decoded (decompression bomb protection).
         name: how messages name the image (default: the path; ``"<bytes>"`` for bytes).
@@ -63,11 +65,36 @@ def load_image(source: str | os.PathLike[str] | bytes, *, max_pixels: int = DEFA
         ImageError: ``"<name>: <reason>"`` when the file is missing, empty, not an image, truncated
             or corrupt, or larger than ``max_pixels``.
     """
+    return _load(source, max_pixels, name, None)[0]
+
+
+def load_image_reduced(source: str | os.PathLike[str] | bytes | BinaryIO, min_side: int, *,
+                       max_pixels: int = DEFAULT_MAX_PIXELS, name: str | None = None
+                       ) -> tuple[Image.Image, tuple[int, int]]:
+    """:func:`load_image` for a caller that needs no more than ``min_side`` pixels on each side: a larger image
+    is decoded smaller, by the largest integer factor that keeps both its sides at least ``min_side``; JPEG in
+    its decoder (draft mode: 1/2, 1/4 or 1/8 of the size), then any format by averaging blocks of pixels
+    (PIL's ``reduce``) right after decoding, before any conversion, so that no copy of the image is ever made
+    at full size (palette, bilevel and 16-bit images are widened once to a mode that averages). Returns the
+    image and the file's own ``(width, height)`` after EXIF orientation."""
+    if min_side < 1:
+        raise ValueError(f"min_side must be at least 1, got {min_side}")
+    return _load(source, max_pixels, name, min_side)
+
+
+def _load(source, max_pixels: int, name: str | None, min_side: int | None) -> tuple[Image.Image, tuple[int, int]]:
+    """:func:`load_image`, reduced as :func:`load_image_reduced` says when ``min_side`` is not None."""
     if isinstance(source, bytes):
         name = name or "<bytes>"
         if not source:
             raise ImageError(f"{name}: file is empty (0 bytes)")
         opened = io.BytesIO(source)
+    elif hasattr(source, "read"):
+        name = name or "<file>"
+        if source.seek(0, io.SEEK_END) == 0:
+            raise ImageError(f"{name}: file is empty (0 bytes)")
+        source.seek(0)
+        opened = source
     else:
         opened = os.fspath(source)
         name = name or opened
@@ -80,8 +107,12 @@ def load_image(source: str | os.PathLike[str] | bytes, *, max_pixels: int = DEFA
                     raise ImageError(
                         f"{name}: image is {width}x{height} = {width * height} pixels, over the limit of "
                         f"{max_pixels} pixels (decompression bomb protection); {_RAISE_LIMIT}")
+                if min_side is not None:
+                    image.draft(None, (min_side, min_side))     # JPEG's decoder scales; other formats ignore it
                 image.load()
-                oriented = _exif_oriented(image)
+                factor = 1 if min_side is None else min(image.size) // min_side
+                orientation = 1 if min_side is None else _orientation(image)
+                oriented = _transposed(_reduced(image, factor), orientation) if factor > 1 else _exif_oriented(image)
         except UnidentifiedImageError:
             raise ImageError(f"{name}: not an image file PIL can read") from None
         except Image.DecompressionBombError as error:  # PIL refuses at open() beyond twice its limit
@@ -95,9 +126,10 @@ def load_image(source: str | os.PathLike[str] | bytes, *, max_pixels: int = DEFA
             raise ImageError(f"{name}: cannot decode the image data, the file is truncated or corrupt "
                              f"({_one_line(error)})") from None
     try:
-        return to_rgb(oriented)
+        rgb = to_rgb(oriented)
     except ValueError as error:
         raise ImageError(f"{name}: cannot convert a mode {oriented.mode} image to RGB ({_one_line(error)})") from None
+    return rgb, ((height, width) if orientation in _SWAPPING_ORIENTATIONS else (width, height))
 
 
 def to_rgb(image: Image.Image) -> Image.Image:
@@ -162,6 +194,39 @@ def _exif_oriented(image: Image.Image) -> Image.Image:
     except (SyntaxError, ValueError, TypeError, KeyError, struct.error):
         # Unparseable EXIF metadata: the pixels are fine, so keep them as stored.
         return image.copy()
+
+
+# What each EXIF orientation tag value asks for (1, or any other value: nothing).
+_EXIF_TRANSPOSES = {2: Image.Transpose.FLIP_LEFT_RIGHT, 3: Image.Transpose.ROTATE_180, 4: Image.Transpose.FLIP_TOP_BOTTOM,
+                    5: Image.Transpose.TRANSPOSE, 6: Image.Transpose.ROTATE_270, 7: Image.Transpose.TRANSVERSE,
+                    8: Image.Transpose.ROTATE_90}
+_SWAPPING_ORIENTATIONS = (5, 6, 7, 8)
+
+
+def _orientation(image: Image.Image) -> int:
+    """``image``'s EXIF orientation tag (1 when it has none or its metadata cannot be parsed)."""
+    try:
+        return int(image.getexif().get(ExifTags.Base.Orientation, 1))
+    except (SyntaxError, ValueError, TypeError, KeyError, struct.error):
+        return 1
+
+
+def _transposed(image: Image.Image, orientation: int) -> Image.Image:
+    """``image`` rotated/flipped as the EXIF ``orientation`` says (itself for 1 or an unknown value)."""
+    method = _EXIF_TRANSPOSES.get(orientation)
+    return image if method is None else image.transpose(method)
+
+
+def _reduced(image: Image.Image, factor: int) -> Image.Image:
+    """``image`` ``factor`` times smaller on each side (rounded up), each pixel the mean of the block it stands for;
+    palette images become RGB(A), bilevel ones L and 16-bit ones I first (PIL averages none of those)."""
+    if image.mode in ("P", "PA"):
+        image = image.convert("RGBA" if image.has_transparency_data else "RGB")
+    elif image.mode == "1":
+        image = image.convert("L")
+    elif image.mode.startswith("I;16"):
+        image = image.convert("I")
+    return image.reduce(factor)
 
 
 @contextlib.contextmanager

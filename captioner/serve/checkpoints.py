@@ -7,15 +7,24 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO, NamedTuple
 
 import torch
 from PIL import Image
 
 from captioner.checkpoint import load_model
-from captioner.data.images import TO_FLOAT, image_transform, load_image
+from captioner.data.images import TO_FLOAT, image_transform, load_image_reduced
 from captioner.data.vocabulary import Vocabulary
 from captioner.decoding.search import DecodeConfig, Generation, decode
 from captioner.models.captioner import Captioner
+
+
+class Upload(NamedTuple):
+    """An uploaded image as :meth:`ServedModel.read` returns it."""
+
+    image: Image.Image              # RGB, possibly decoded smaller than the file's own size
+    size: tuple[int, int]           # the file's own (width, height), after EXIF orientation
+    pixels: torch.Tensor            # the encoder's input, uint8 (3, H, W)
 
 
 @dataclass
@@ -42,12 +51,15 @@ class ServedModel:
         it, while the model decodes in another process (it pickles in a few kilobytes)."""
         return dataclasses.replace(self, model=None)
 
-    def read(self, data: bytes, name: str) -> tuple[Image.Image, torch.Tensor]:
-        """The uploaded file ``data`` as an RGB image and as the encoder's input pixels, uint8 ``(3, H, W)``
-        (:meth:`caption` scales them to [0, 1], as :func:`~captioner.data.images.image_transform`); raises
-        :class:`~captioner.errors.ImageError` (naming ``name``) with the checks of ``captioner caption``."""
-        image = load_image(data, max_pixels=self.max_pixels, name=name)
-        return image, self.transform(image)
+    def read(self, source: bytes | BinaryIO, name: str, shown_side: int = 0) -> Upload:
+        """The uploaded file ``source`` (its bytes, or the open file) as an RGB image, decoded no larger than
+        needed (:func:`~captioner.data.images.load_image_reduced`: both sides at least the encoder's input and
+        ``shown_side``), its own size, and the encoder's input pixels (:meth:`caption` scales them to [0, 1], as
+        :func:`~captioner.data.images.image_transform`); raises :class:`~captioner.errors.ImageError` (naming
+        ``name``) with the checks of ``captioner caption``."""
+        image, size = load_image_reduced(source, max(shown_side, *self.image_size), max_pixels=self.max_pixels,
+                                         name=name)
+        return Upload(image, size, self.transform(image))
 
     @torch.inference_mode()
     def caption(self, images: Sequence[torch.Tensor], beam: int) -> list[list[Generation]]:
@@ -62,8 +74,7 @@ class ServedModel:
     def describe(self) -> dict:
         """What ``GET /api/models`` says about this checkpoint."""
         model = self.config["model"]
-        return {"name": self.name, "checkpoint": str(self.path), "run": str(self.config["run"]["out"]),
-                "decoder": model["decoder"], "attention": attention_kind(model),
+        return {"name": self.name, "decoder": model["decoder"], "attention": attention_kind(model),
                 "encoder": self.config["encoder"]["name"], "vocab_size": len(self.vocab), "grid": list(self.grid),
                 "image_size": list(self.image_size), "beam": self.settings.beam,
                 "max_length": self.settings.max_length, "max_pixels": self.max_pixels}

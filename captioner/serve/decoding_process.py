@@ -11,14 +11,18 @@ back with their attention as arrays.
 The child loads the checkpoints (:func:`~captioner.serve.checkpoints.load_served_models`) and decodes on the
 server's device; the server's process holds only their descriptions (vocabulary, config, input transform,
 grid: :meth:`~captioner.serve.checkpoints.ServedModel.description`), which the child sends once loaded, so the
-weights sit in memory once and are read from disk once.
+weights sit in memory once and are read from disk once. A child that ends (killed, out of memory) is replaced
+at once; meanwhile the requests get a 503 saying when to try again.
 """
 
 from __future__ import annotations
 
 import logging
 import multiprocessing
+import multiprocessing.connection
 import signal
+import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -28,6 +32,7 @@ import torch
 from captioner.decoding.search import Generation
 from captioner.errors import CaptionerError
 from captioner.serve.checkpoints import ServedModel, load_served_models
+from captioner.serve.errors import Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -47,59 +52,70 @@ class DecodingProcess:
     """A child process holding the served models; :meth:`caption` is a batcher handler
     ``(checkpoint name, beam), images -> n best captions of each``. Use :meth:`start` and :meth:`close`
     (or ``with``); once started, :attr:`models` describes the checkpoints it holds, by name, in the order
-    given. One thread at a time may call :meth:`caption` (the batcher's worker)."""
+    given. One thread at a time may call :meth:`caption` (the batcher's worker).
+
+    A child that ends while the server runs (killed, out of memory) is replaced at once by a thread of this
+    object's: the batch it was decoding and every batch until the new child has loaded the models fail with
+    :class:`~captioner.serve.errors.Unavailable` (a 503 saying when to try again). A new child that cannot
+    load them (a checkpoint gone since) is not tried again: :attr:`problem` then says why for good."""
 
     def __init__(self, settings: LoadSettings):
-        context = multiprocessing.get_context("spawn")    # a fresh interpreter: no forked threads or CUDA state
-        self._connection, child = context.Pipe()
-        self._process = context.Process(target=_child, args=(child, settings), name="captioner-decoder", daemon=True)
-        self._child_end = child
+        self.settings = settings
+        self._context = multiprocessing.get_context("spawn")  # a fresh interpreter: no forked threads or CUDA state
+        self._lock = threading.Lock()       # the pipe: one exchange of caption(), or a child's replacement
+        self._process = self._connection = None
+        self._ready, self._closing, self._problem = False, False, "the decoding process has not started"
+        self._supervisor = threading.Thread(target=self._supervise, name="captioner-decoder-supervisor", daemon=True)
         self.models: dict[str, ServedModel] = {}
+        self.load_seconds = 0.0     # how long the last child took to load the models
+        self.restarts = 0
 
     def start(self) -> DecodingProcess:
         """Start the child and wait until its models are loaded. If loading failed, raises the child's
         :class:`~captioner.errors.CaptionerError` (a bad checkpoint or override: one line for the user), or
         a RuntimeError with the child's error for anything else."""
-        self._process.start()
-        self._child_end.close()
-        status, payload = self._receive()
-        if status != "ready":
-            self.close()
-            if isinstance(payload, CaptionerError):
-                raise payload
-            raise RuntimeError(f"the decoding process could not load the models: {payload}")
-        self.models = payload
+        self.models = self._spawn()
+        self._supervisor.start()
         return self
 
     @property
-    def alive(self) -> bool:
-        """Whether the child is running (it ends only when closed, or killed)."""
-        return self._process.is_alive()
+    def ready(self) -> bool:
+        """Whether a child holds the models and takes batches."""
+        return self._ready
+
+    @property
+    def problem(self) -> str | None:
+        """Why no batch can be decoded now (None when :attr:`ready`)."""
+        return None if self._ready else self._problem
 
     def caption(self, key: tuple[str, int], images: Sequence[torch.Tensor]) -> list[list[Generation]]:
         """The n best captions of each of ``images`` (each uint8 ``(3, H, W)``) by checkpoint ``key[0]`` with beam
-        ``key[1]``, decoded in the child as one batch."""
-        try:
-            self._connection.send((key, torch.stack(list(images)).numpy()))
-        except OSError:        # a broken pipe: the child is gone
-            raise self._ended() from None
-        status, payload = self._receive()
+        ``key[1]``, decoded in the child as one batch; :class:`~captioner.serve.errors.Unavailable` while no
+        child is ready or when it ends while decoding them."""
+        with self._lock:
+            if not self._ready:
+                raise Unavailable(self._problem, self.load_seconds)
+            try:
+                self._connection.send((key, torch.stack(list(images)).numpy()))
+                status, payload = self._connection.recv()
+            except (OSError, EOFError):      # a broken pipe: the child is gone (the supervisor reaps it)
+                self._ready = False
+                self._problem = "the decoding process ended while decoding this request's batch; it is restarting"
+                raise Unavailable(self._problem, self.load_seconds) from None
         if status != "ok":
             raise RuntimeError(f"decoding failed in the decoding process: {payload}")
         return [[_from_arrays(beam) for beam in beams] for beams in payload]
 
     def close(self) -> None:
-        """Ask the child to stop and wait for it (terminate it after 10 s)."""
-        if self._process.is_alive():
-            try:
-                self._connection.send(None)
-            except OSError:
-                pass
-            self._process.join(10)
-            if self._process.is_alive():
-                self._process.terminate()
-                self._process.join()
-        self._connection.close()
+        """Stop the child (terminate it after 10 s) and the thread that replaces it."""
+        self._closing = True
+        with self._lock:
+            self._ready, self._problem = False, "the server is stopping"
+            process, connection = self._process, self._connection
+        if process is not None:
+            _stop(process, connection)
+        if self._supervisor.is_alive():
+            self._supervisor.join()
 
     def __enter__(self) -> DecodingProcess:
         return self.start()
@@ -107,15 +123,66 @@ class DecodingProcess:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def _receive(self):
+    def _spawn(self) -> dict[str, ServedModel]:
+        """Start a child and wait for its models: their descriptions; raises as :meth:`start` says."""
+        connection, child_end = self._context.Pipe()
+        process = self._context.Process(target=_child, args=(child_end, self.settings), name="captioner-decoder",
+                                        daemon=True)
+        started = time.perf_counter()
+        process.start()
+        child_end.close()
+        with self._lock:
+            self._process, self._connection = process, connection
         try:
-            return self._connection.recv()
+            status, payload = connection.recv()
         except EOFError:
-            raise self._ended() from None
+            process.join(1)
+            status, payload = "error", f"it ended while loading the models (exit code {process.exitcode})"
+        if status != "ready":
+            _stop(process, connection)
+            if isinstance(payload, CaptionerError):
+                raise payload
+            raise RuntimeError(f"the decoding process could not load the models: {payload}")
+        self.load_seconds = time.perf_counter() - started
+        with self._lock:
+            self._ready, self._problem = True, None
+        return payload
 
-    def _ended(self) -> RuntimeError:
-        self._process.join(1)
-        return RuntimeError(f"the decoding process ended (exit code {self._process.exitcode})")
+    def _supervise(self) -> None:
+        """Replace the child whenever it ends, until :meth:`close` or a child that cannot load the models."""
+        while not self._closing:
+            multiprocessing.connection.wait([self._process.sentinel])
+            if self._closing:
+                return
+            self._process.join()
+            with self._lock:        # after the exchange in progress, which fails
+                self._ready = False
+                self._problem = f"the decoding process ended (exit code {self._process.exitcode}); it is restarting"
+            self._connection.close()
+            log.warning("%s", self._problem)
+            try:
+                self._spawn()
+            except Exception as error:  # it stays down, and says why
+                self._problem = f"the decoding process ended and could not be restarted: {error}"
+                log.error("%s", self._problem)
+                return
+            self.restarts += 1
+            log.warning("the decoding process was restarted (%.1f s)", self.load_seconds)
+        _stop(self._process, self._connection)     # closed while a new child was loading
+
+
+def _stop(process, connection) -> None:
+    """Ask a child to stop and wait for it (terminate it after 10 s)."""
+    if process.is_alive():
+        try:
+            connection.send(None)
+        except OSError:
+            pass
+        process.join(10)
+        if process.is_alive():
+            process.terminate()
+            process.join()
+    connection.close()
 
 
 def _to_arrays(generation: Generation) -> tuple[list[int], float, dict[str, np.ndarray]]:

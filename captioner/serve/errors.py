@@ -1,11 +1,13 @@
-"""Every refusal as a 4xx JSON ``{"error": "<one line>"}``, never a traceback: unreadable images (the checks
-of ``captioner caption``), request fields FastAPI cannot validate, unknown paths, uploads over the size limit
-(refused from the Content-Length header, or as soon as a streamed body passes it). Anything else is a bug:
-a 500 with a one-line message; its traceback goes to the server's log only."""
+"""Every refusal as a JSON ``{"error": "<one line>"}``, never a traceback: 4xx for the request's own faults
+(unreadable images: the checks of ``captioner caption``; request fields FastAPI cannot validate, unknown paths,
+uploads over the size limit: refused from the Content-Length header, or as soon as a streamed body passes it),
+503 with ``Retry-After`` when the server cannot answer now (:class:`Unavailable`). Anything else is a bug: a
+500 with a one-line message; its traceback goes to the server's log only."""
 
 from __future__ import annotations
 
 import logging
+import math
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -19,15 +21,23 @@ log = logging.getLogger(__name__)
 
 
 class ApiError(Exception):
-    """A refusal with its HTTP status, e.g. ``ApiError(404, "no checkpoint named 'x'")``."""
+    """A refusal with its HTTP status (and headers), e.g. ``ApiError(404, "no checkpoint named 'x'")``."""
 
-    def __init__(self, status: int, message: str):
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None):
         super().__init__(message)
-        self.status = status
+        self.status, self.headers = status, headers
 
 
-def error_response(status: int, message: str) -> JSONResponse:
-    return JSONResponse({"error": " ".join(str(message).split())}, status_code=status)
+class Unavailable(ApiError):
+    """503: the server cannot answer now (busy, or its decoding process restarting); ``Retry-After`` says
+    when to try again, in whole seconds."""
+
+    def __init__(self, message: str, retry_after_s: float = 1):
+        super().__init__(503, message, {"Retry-After": str(max(1, math.ceil(retry_after_s)))})
+
+
+def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": " ".join(str(message).split())}, status_code=status, headers=headers)
 
 
 def validation_message(errors: list[dict]) -> str:
@@ -44,7 +54,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, error: ApiError) -> JSONResponse:
-        return error_response(error.status, str(error))
+        return error_response(error.status, str(error), error.headers)
 
     @app.exception_handler(ImageError)
     async def unreadable_image(request: Request, error: ImageError) -> JSONResponse:
@@ -60,7 +70,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, error: HTTPException) -> JSONResponse:
-        return error_response(error.status_code, str(error.detail))
+        return error_response(error.status_code, str(error.detail), error.headers)
 
     @app.exception_handler(Exception)
     async def bug(request: Request, error: Exception) -> JSONResponse:

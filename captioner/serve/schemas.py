@@ -54,8 +54,6 @@ class CaptionResponse(Beam):
 
 class ModelInfo(BaseModel):
     name: str = Field(description="what requests call it: its run folder's name", examples=["soft"])
-    checkpoint: str
-    run: str = Field(description="the run folder (run.out) it was trained in")
     decoder: str = Field(examples=["lstm", "transformer"])
     attention: str = Field(description="soft | hard | none (LSTM), cross-attention (Transformer)")
     encoder: str = Field(examples=["mobilenet_v2"])
@@ -91,10 +89,11 @@ class OverlayOperators(BaseModel):
 
 
 class Health(BaseModel):
-    status: str = Field(examples=["ok"], description='"ok", or "decoding process ended" when the models\' '
-                                                     "process has gone (requests then fail with 500)")
+    status: str = Field(examples=["ok"], description='"ok", or why the models cannot decode now (their process '
+                                                     "restarting, or ended for good): requests then get 503")
     models: list[str]
     queued: int = Field(description="requests waiting for the decoder")
+    in_flight: int = Field(description="caption and figure requests in the server (at most its --max-queue)")
 
 
 ATTENTION_DECIMALS = 6

@@ -21,6 +21,23 @@ window.captionerPage = page;  // for the browser test and the curious
 
 const $ = (selector, root = document) => root.querySelector(selector);
 
+// A server started with a token (captioner serve --token) wants it on every API request: the page takes it
+// from its address (…/#token=TOKEN), keeps it for this tab and takes it out of the address bar.
+const token = (() => {
+  const given = new URLSearchParams(location.hash.slice(1)).get("token");
+  if (given) {
+    sessionStorage.setItem("captioner-token", given);
+    history.replaceState(null, "", location.pathname + location.search);
+  }
+  return sessionStorage.getItem("captioner-token");
+})();
+
+function api(path, options = {}) {
+  const headers = new Headers(options.headers);
+  if (token) headers.set("Authorization", `Bearer ${token}`);
+  return fetch(path, {...options, headers});
+}
+
 function setStatus(text, isError = false) {
   const status = $("#status");
   status.textContent = text;
@@ -56,7 +73,7 @@ function overlayOperators(grid, height, width, smooth) {
   const key = `${grid[0]}x${grid[1]}:${height}x${width}:${smooth}`;
   if (!page.operators.has(key)) {
     const query = new URLSearchParams({grid_height: grid[0], grid_width: grid[1], height, width, smooth});
-    page.operators.set(key, fetch(`/api/overlay-operators?${query}`).then(async (response) => {
+    page.operators.set(key, api(`/api/overlay-operators?${query}`).then(async (response) => {
       if (!response.ok) throw new Error(await errorText(response));
       return response.json();
     }));
@@ -149,7 +166,7 @@ class Card {
   async caption(file, beam, run) {
     let response;
     try {
-      response = await fetch("/api/caption", {method: "POST", body: this.form(file, beam)});
+      response = await api("/api/caption", {method: "POST", body: this.form(file, beam)});
     } catch (error) {
       return this.fail(`The server did not answer (${error.message}).`);
     }
@@ -329,7 +346,7 @@ class Card {
   async download() {
     this.downloadButton.disabled = true;
     try {
-      const response = await fetch("/api/figure", {method: "POST", body: this.form(page.file, this.beamArgument)});
+      const response = await api("/api/figure", {method: "POST", body: this.form(page.file, this.beamArgument)});
       if (!response.ok) {
         this.setMessage(await errorText(response), true);
         return;
@@ -405,9 +422,10 @@ function bindInput() {
 
 async function start() {
   bindInput();
-  const response = await fetch("/api/models").catch(() => null);
+  const response = await api("/api/models").catch(() => null);
   if (!response || !response.ok) {
-    setStatus("The server's model list could not be read; is `captioner serve` running?", true);
+    setStatus(response && response.status === 401 ? await errorText(response)
+      : "The server's model list could not be read; is `captioner serve` running?", true);
     return;
   }
   page.info = await response.json();
