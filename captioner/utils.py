@@ -105,8 +105,9 @@ def describe_device(device: torch.device) -> str:
         return (f"{device} = {props.name} ({props.total_memory / 2**30:.0f} GiB, compute capability "
                 f"{props.major}.{props.minor}), CUDA {torch.version.cuda}, driver {nvidia_driver_version() or 'unknown'}, "
                 f"torch {torch.__version__}")
-    return (f"cpu = {cpu_model()} ({torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} torch threads), "
-            f"torch {torch.__version__}")
+    threads = torch.get_num_threads()
+    return (f"cpu = {cpu_model()} ({torch.backends.cpu.get_cpu_capability()}, {threads} torch thread"
+            f"{'s' if threads != 1 else ''}), torch {torch.__version__}")
 
 
 def usable_cores() -> int:

@@ -30,7 +30,8 @@ def test_a_run_states_its_device_precision_world_and_data(tiny_coco, tmp_path, c
         train(tiny_config(tiny_coco, tmp_path / "run", train={"epochs": 1}))
     facts = {line.split(":", 1)[0]: line for line in caplog.messages if ":" in line}
     assert facts["device"].startswith("device: cpu = ") and torch.__version__ in facts["device"]
-    assert f"{torch.get_num_threads()} torch threads" in facts["device"]
+    threads = torch.get_num_threads()
+    assert f"{threads} torch thread{'s' if threads != 1 else ''})" in facts["device"]
     assert facts["precision"] == "precision: float32; compile: False"
     assert facts["world"] == "world: 1 process, batch 5"
     # tiny_coco: 12 train images with 2 captions each, 6 val images, decoded from the image files
