@@ -59,6 +59,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from captioner.utils import cpu_model
 from common import add_arguments
 from PIL import Image
 
@@ -599,12 +600,11 @@ def machine() -> dict:
     import torch
 
     cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    model = re.search(r"^model name\s*:\s*(.*)$", cpuinfo, flags=re.M)
     flags = set((re.search(r"^flags\s*:\s*(.*)$", cpuinfo, flags=re.M) or re.match("()", "")).group(1).split())
     speed = ("avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
              "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8")
     memory = re.search(r"^MemTotal:\s+(\d+)", Path("/proc/meminfo").read_text(), flags=re.M)
-    return {"cpu": model.group(1).strip() if model else platform.processor() or platform.machine(),
+    return {"cpu": cpu_model(),
             "cpu_flags": [f for f in speed if f in flags], "cpu_flags_absent": [f for f in speed if f not in flags],
             "logical_cpus": os.cpu_count(), "usable_cores": len(os.sched_getaffinity(0)),
             "memory_gb": round(int(memory.group(1)) / 2**20, 1) if memory else None,

@@ -29,7 +29,6 @@ import io
 import json
 import multiprocessing
 import os
-import platform
 import random
 import re
 import struct
@@ -50,6 +49,7 @@ from PIL import Image
 
 from captioner.data.shapes import generate_shapes
 from captioner.serve.limits import PEAK_ABOVE_IDLE
+from captioner.utils import cpu_model
 
 CLIENTS = 16
 HOSTILE_CLIENTS = 16
@@ -255,13 +255,6 @@ class PeakMemory:
     def __exit__(self, *exc) -> None:
         self._stop.set()
         self._thread.join()
-
-
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
 
 
 def measure(args, checkpoint: Path, images: list[bytes]) -> dict:

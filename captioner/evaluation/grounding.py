@@ -195,7 +195,7 @@ def load_targets(instances_file: str | Path) -> ShapesTargets | CocoTargets | No
 
 
 def load_instances(instances_file: str | Path) -> tuple[ShapesTargets | CocoTargets | None, dict[int, tuple[int, int]]]:
-    """``(load_targets(instances_file), load_image_sizes(instances_file))``, the file parsed once; ``(None, {})``
+    """``(load_targets(instances_file), {image_id: (width, height)})``, the file parsed once; ``(None, {})``
     when no file is named."""
     if not instances_file:
         return None, {}
@@ -289,12 +289,8 @@ def boxes_of_named_objects(instances_file: str | Path, image_path: str | Path, w
     return boxes
 
 
-def load_image_sizes(instances_file: str | Path) -> dict[int, tuple[int, int]]:
-    """``{image_id: (width, height)}`` from a COCO instances (or captions) file."""
-    return _image_sizes(read_json(instances_file))
-
-
 def _image_sizes(data: dict) -> dict[int, tuple[int, int]]:
+    """``{image_id: (width, height)}`` of a COCO instances (or captions) file's parsed JSON."""
     return {image["id"]: (int(image["width"]), int(image["height"])) for image in data.get("images", [])}
 
 
