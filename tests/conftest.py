@@ -54,7 +54,7 @@ def tiny_config(root, out, **sections):
         "encoder.name=mobilenet_v2", "encoder.pretrained=false", "encoder.image_size=32", "encoder.stride=16",
         "model.lstm.attention_dim=8", "model.lstm.embed_dim=8", "model.lstm.hidden_dim=16", "model.lstm.dropout=0.2",
         "train.epochs=2", "train.batch_size=5", "train.log_every=1", "train.wandb=disabled", "train.early_stopping=0",
-        "decode.max_length=8",
+        "decode.max_length=8", "train.amp=false",   # train.amp=auto may measure: tests/test_precision.py
     ]
     for section, values in sections.items():
         overrides += [f"{section}.{k}={json.dumps(v)}" for k, v in values.items()]

@@ -32,7 +32,7 @@ def test_a_run_states_its_device_precision_world_and_data(tiny_coco, tmp_path, c
     assert facts["device"].startswith("device: cpu = ") and torch.__version__ in facts["device"]
     threads = torch.get_num_threads()
     assert f"{threads} torch thread{'s' if threads != 1 else ''})" in facts["device"]
-    assert facts["precision"] == "precision: float32; compile: False"
+    assert facts["precision"] == "precision: float32 (train.amp=false); compile: False"
     assert facts["world"] == "world: 1 process, batch 5"
     # tiny_coco: 12 train images with 2 captions each, 6 val images, decoded from the image files
     assert facts["data"] == ("data: train 12 images, 24 captions; val 6 images (6 decoded per validation); "
@@ -43,7 +43,9 @@ def test_a_run_states_its_device_precision_world_and_data(tiny_coco, tmp_path, c
 def test_bf16_is_named_when_train_amp_is_on(tiny_coco, tmp_path, caplog):
     with caplog.at_level(logging.INFO, logger="captioner.training.engine"):
         train(tiny_config(tiny_coco, tmp_path / "run", train={"epochs": 1, "amp": True}))
-    assert "precision: bf16 autocast (train.amp); compile: False" in caplog.messages
+    precision = next(m for m in caplog.messages if m.startswith("precision: "))
+    assert precision.startswith("precision: bf16 autocast (train.amp=true; a bf16 training step took ")
+    assert precision.endswith("; compile: False")
 
 
 def test_cuda_that_does_not_work_is_one_line_with_the_reason(tiny_coco, tmp_path, monkeypatch, capsys):

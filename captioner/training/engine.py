@@ -11,7 +11,6 @@ in a :class:`TrainState`.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import time
@@ -49,6 +48,7 @@ from captioner.training.distributed import (
     teardown,
 )
 from captioner.training.losses import build_loss
+from captioner.training.precision import Precision, amp_dtype, autocast, choose_precision
 from captioner.training.run_io import GracefulStop, MetricsLogger
 from captioner.training.scst import SelfCritical, metric_reward
 from captioner.utils import describe_device, rng_state, seed_everything, set_rng_state
@@ -67,6 +67,7 @@ class TrainState:
     stale: int = 0                  # epochs since it last improved
     train_seconds: float = 0.0      # training time of the whole run, resumed parts included
     words_per_s: float | None = None
+    amp: bool | None = None         # train.amp as decided when the run started (None: not yet)
     skipped_images: list[str] = field(default_factory=list)
 
 
@@ -92,6 +93,7 @@ class Run:
     rank_batch: int
     started: float = field(default_factory=time.perf_counter)
     seconds_before: float = 0.0     # training time of the earlier parts of a resumed run
+    precision: Precision = Precision(False, "not decided yet")
 
     def objective(self, epoch: int) -> str:
         """``xe`` or ``scst``: what epoch ``epoch`` (from 0) optimises."""
@@ -209,22 +211,6 @@ def make_scheduler(optimizer, config: dict, steps_per_epoch: int) -> torch.optim
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup if warmup else 1.0) * decay(step))
 
 
-def amp_dtype(device: torch.device) -> torch.dtype:
-    """The low precision of ``train.amp`` on ``device``: bf16 on the CPU and on GPUs that support it, else fp16."""
-    if device.type == "cuda" and not torch.cuda.is_bf16_supported():
-        return torch.float16
-    return torch.bfloat16
-
-
-def autocast(device: torch.device, enabled: bool):
-    """Mixed precision in :func:`amp_dtype` (fp16 with a gradient scaler). Matrix products run in the low
-    precision; softmax, log-softmax and the losses stay float32 (autocast's lists, and the decoders and losses
-    cast to float32 where they normalise)."""
-    if not enabled:
-        return contextlib.nullcontext()
-    return torch.autocast(device.type, dtype=amp_dtype(device))
-
-
 def wrap_model(model: Captioner, config: dict, world: World, device: torch.device) -> nn.Module:
     """The module that runs the forward pass: DistributedDataParallel across ranks, compiled on request
     (CUDA: the whole model; CPU: the decoder's per-word step, :func:`compile_decoder`)."""
@@ -281,7 +267,7 @@ def build_run(config: dict, world: World, device: torch.device, checkpoint: dict
     return Run(config=config, world=world, device=device, dir=Path(config["run"]["out"]), vocab=vocab, model=model,
                net=wrap_model(model, config, world, device), loss=build_loss(model.decoder, config["loss"]).to(device),
                optimizer=optimizer, scheduler=make_scheduler(optimizer, config, len(first)),
-               scaler=torch.amp.GradScaler(device.type, enabled=train["amp"] and amp_dtype(device) == torch.float16),
+               scaler=torch.amp.GradScaler(device.type, enabled=train["amp"] is not False and amp_dtype(device) == torch.float16),
                loaders=loaders, val_set=make_dataset(config, val_records, vocab, model.encoder, pairs=False),
                self_critical=self_critical,
                logger=MetricsLogger(Path(config["run"]["out"]), config, resume=checkpoint is not None,
@@ -292,10 +278,6 @@ def build_run(config: dict, world: World, device: torch.device, checkpoint: dict
 def startup_facts(run: Run) -> list[str]:
     """What a run states when it starts: the device, the precision, the world, the data and the vocabulary."""
     train, data = run.config["train"], run.config["data"]
-    precision = "float32"
-    if train["amp"]:
-        precision = {torch.bfloat16: "bf16 autocast", torch.float16: "fp16 autocast with a gradient scaler"}[
-            amp_dtype(run.device)]
     world = (f"{run.world.size} processes ({'nccl' if run.device.type == 'cuda' else 'gloo'}), global batch "
              f"{train['batch_size']} = {run.rank_batch} per process" if run.world.distributed
              else f"1 process, batch {train['batch_size']}")
@@ -305,12 +287,25 @@ def startup_facts(run: Run) -> list[str]:
               else f"images through {run.config['encoder']['name']} at {run.config['encoder']['image_size']} px")
     missing = f", {len(pairs.missing)} missing from the cache and skipped" if pairs.missing else ""
     return [f"device: {describe_device(run.device)}",
-            f"precision: {precision}{' (train.amp)' if train['amp'] else ''}; compile: {train['compile']}",
+            f"precision: {run.precision.describe(run.device)}; compile: {train['compile']}",
             f"world: {world}",
             f"data: train {len(pairs.records):,} images, {len(pairs):,} captions{missing}; val {len(val.records):,} "
             f"images ({min(len(val.records), train['val_max_images']):,} decoded per validation); {source}",
             f"vocabulary: {len(run.vocab):,} words; model: {run.config['model']['decoder']} decoder, "
             f"{sum(p.numel() for p in run.model.parameters() if p.requires_grad):,} trained parameters"]
+
+
+def decide_precision(run: Run, state: TrainState) -> Precision:
+    """``train.amp`` decided once per run (:func:`~captioner.training.precision.choose_precision`) and recorded in
+    ``state``: a resumed run keeps the decision it started with; under torchrun every rank takes rank 0's."""
+    if state.amp is not None:
+        return Precision(state.amp, "as decided when the run started")
+    choice = None
+    if run.world.is_main:
+        choice = choose_precision(run.config["train"]["amp"], run.model, run.loss, len(run.vocab), run.rank_batch,
+                                  run.device)
+    state.amp = all_sum([float(choice.amp) if choice else 0.0], run.world, run.device)[0] > 0
+    return choice or Precision(state.amp, "rank 0's decision")
 
 
 def make_self_critical(config: dict, vocab: Vocabulary, train_records) -> SelfCritical:
@@ -363,7 +358,7 @@ def decoder_loss(run: Run, batch: dict, objective: str = "xe") -> dict[str, torc
     captions, or the self-critical loss of captions sampled for its images."""
     channels_last = run.config["train"]["channels_last"] and run.device.type == "cuda"
     inputs = visual_inputs(batch, run.device, channels_last=channels_last)
-    with autocast(run.device, run.config["train"]["amp"]):
+    with autocast(run.device, run.precision.amp):
         if objective == "scst":
             return run.net(objective=run.self_critical, image_ids=batch["image_id"], **inputs)
         captions = batch["captions"].to(run.device, non_blocking=True)
@@ -538,6 +533,7 @@ def _train(config: dict, world: World, device: torch.device, *, resume: bool, ov
     if not resume:
         clear_replaced_run(run_dir, world)
     state = restore(run, checkpoint) if checkpoint else TrainState()
+    run.precision = decide_precision(run, state)
     if world.is_main:
         for fact in startup_facts(run):
             log.info(fact)

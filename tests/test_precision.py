@@ -1,0 +1,116 @@
+"""train.amp=auto: float32 on a CPU without native bf16 (unmeasured), bf16 only where a probe finds it faster."""
+
+import logging
+
+import pytest
+import torch
+from conftest import tiny_config
+
+from captioner.checkpoint import load_checkpoint
+from captioner.config import load_config
+from captioner.models.captioner import build_model
+from captioner.training import precision
+from captioner.training.engine import train
+from captioner.training.losses import build_loss
+
+ZEN3 = "processor\t: 0\nvendor_id\t: AuthenticAMD\nflags\t\t: fpu sse2 avx avx2 fma bmi2\n\nprocessor\t: 1\n"
+ZEN4 = "processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512bw avx512_bf16 vnni\n"
+GRAVITON3 = "processor\t: 0\nFeatures\t: fp asimd sve bf16 i8mm\n"
+
+
+@pytest.fixture
+def model_and_loss():
+    config = load_config(None, ["encoder.pretrained=false", "encoder.image_size=32", "encoder.stride=16",
+                                "model.lstm.hidden_dim=16", "model.lstm.attention_dim=8", "model.lstm.embed_dim=8"])
+    model = build_model(config, vocab_size=20, pretrained=False)
+    return model, build_loss(model.decoder, config["loss"])
+
+
+def fake_cpu(monkeypatch, tmp_path, text):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(text)
+    monkeypatch.setattr(precision, "CPUINFO", cpuinfo)
+
+
+def fake_probe(monkeypatch, ratio):
+    calls = []
+
+    def probe(*args):
+        calls.append(args)
+        return ratio
+    monkeypatch.setattr(precision, "bf16_step_ratio", probe)
+    return calls
+
+
+@pytest.mark.parametrize("text, native, flag", [(ZEN3, False, "avx512_bf16 or amx_bf16"), (ZEN4, True, "avx512_bf16"),
+                                                (GRAVITON3, True, "bf16"), ("processor\t: 0\n", None, "no CPU flags")])
+def test_native_bf16_is_read_from_the_cpu_flags(monkeypatch, tmp_path, text, native, flag):
+    fake_cpu(monkeypatch, tmp_path, text)
+    found, evidence = precision.native_bf16_cpu()
+    assert found is native and flag in evidence
+
+
+def test_auto_on_a_cpu_without_native_bf16_is_float32_without_measuring(monkeypatch, tmp_path, model_and_loss):
+    fake_cpu(monkeypatch, tmp_path, ZEN3)
+    calls = fake_probe(monkeypatch, 0.1)          # even a probe that would say bf16 is never asked
+    choice = precision.choose_precision("auto", *model_and_loss, 20, 64, torch.device("cpu"))
+    assert not choice.amp and not calls and "no native bf16" in choice.reason
+    assert choice.describe(torch.device("cpu")).startswith("float32 (train.amp=auto: the CPU has no native bf16")
+
+
+@pytest.mark.parametrize("ratio, amp", [(0.5, True), (0.79, True), (0.85, False), (3.0, False)])
+def test_auto_on_a_native_bf16_cpu_takes_bf16_only_where_the_probe_finds_it_faster(monkeypatch, tmp_path,
+                                                                                  model_and_loss, ratio, amp):
+    fake_cpu(monkeypatch, tmp_path, ZEN4)
+    calls = fake_probe(monkeypatch, ratio)
+    choice = precision.choose_precision("auto", *model_and_loss, 20, 64, torch.device("cpu"))
+    assert choice.amp is amp and len(calls) == 1 and f"{ratio:.2f}x the float32 time" in choice.reason
+    assert choice.describe(torch.device("cpu")).startswith("bf16 autocast" if amp else "float32")
+
+
+def test_amp_true_where_bf16_is_slower_obeys_and_warns_with_the_ratio(monkeypatch, tmp_path, model_and_loss, caplog):
+    fake_cpu(monkeypatch, tmp_path, ZEN3)
+    fake_probe(monkeypatch, 20.0)
+    with caplog.at_level(logging.WARNING, logger="captioner.training.precision"):
+        choice = precision.choose_precision(True, *model_and_loss, 20, 64, torch.device("cpu"))
+    assert choice.amp
+    assert "20.00x the float32 time" in caplog.text and "train.amp=auto (or false)" in caplog.text
+    caplog.clear()
+    fake_probe(monkeypatch, 0.5)
+    with caplog.at_level(logging.WARNING, logger="captioner.training.precision"):
+        assert precision.choose_precision(True, *model_and_loss, 20, 64, torch.device("cpu")).amp
+    assert not caplog.text
+
+
+def test_false_and_cuda_are_decided_without_measuring(monkeypatch, model_and_loss):
+    calls = fake_probe(monkeypatch, 0.1)
+    assert not precision.choose_precision(False, *model_and_loss, 20, 64, torch.device("cpu")).amp
+    assert precision.choose_precision("auto", *model_and_loss, 20, 64, torch.device("cuda")).amp
+    assert not calls
+
+
+def test_the_probe_leaves_weights_loss_state_and_random_streams_as_they_were(model_and_loss):
+    model, loss = model_and_loss
+    model.eval()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    random_before = torch.get_rng_state()
+    ratio = precision.bf16_step_ratio(model, loss, 20, 64, torch.device("cpu"))
+    assert 0 < ratio < float("inf")
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert all(p.grad is None for p in model.parameters())
+    assert torch.equal(torch.get_rng_state(), random_before) and not model.training
+
+
+def test_a_run_states_its_decision_and_a_resumed_run_keeps_it(monkeypatch, tmp_path, tiny_coco, caplog):
+    fake_cpu(monkeypatch, tmp_path, ZEN4)
+    fake_probe(monkeypatch, 0.5)
+    config = tiny_config(tiny_coco, tmp_path / "run", train={"amp": "auto", "epochs": 1})
+    with caplog.at_level(logging.INFO, logger="captioner.training.engine"):
+        train(config)
+    assert "precision: bf16 autocast (train.amp=auto: a bf16 training step took 0.50x" in caplog.text
+    assert load_checkpoint(tmp_path / "run" / "last.pt")["progress"]["amp"] is True
+    calls = fake_probe(monkeypatch, 3.0)          # the machine's answer changed: the run keeps its precision
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="captioner.training.engine"):
+        train(tiny_config(tiny_coco, tmp_path / "run", train={"amp": "auto", "epochs": 2}), resume=True)
+    assert not calls and "precision: bf16 autocast (as decided when the run started)" in caplog.text
