@@ -14,13 +14,18 @@ Beam search: images/s for k = 1, 3, 5 at batch 1 and 32, 20 steps (a random mode
 runs the full length). Fresh process: a k = 3, batch 32 search in a new Python process that sets up the
 allocator as the command line does, against the same search in this warmed-up process, in pairs.
 
-    python benchmarks/bench_decoder.py [--quick] [--threads N] [--pairs N]
+``--isa avx2`` runs as on a CPU without AVX-512 (see ``common.ISA_ENVIRONMENTS``); the JSON's ``machine`` says
+which CPU, vector extensions, torch kernels, threads and torch version the figures came from, with the load
+average before and after (the figures are only comparable within one run).
+
+    python benchmarks/bench_decoder.py [--quick] [--threads N] [--pairs N] [--isa avx2] [--only training beam fresh]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import subprocess
@@ -29,7 +34,17 @@ import time
 from pathlib import Path
 
 import torch
-from common import RULES, VOCAB, add_arguments, matmul_peak_gflops, random_captions, setup
+from common import (
+    RULES,
+    VOCAB,
+    add_arguments,
+    add_isa_argument,
+    machine_facts,
+    matmul_peak_gflops,
+    random_captions,
+    run_with_isa,
+    setup,
+)
 from torch.utils.flop_counter import FlopCounterMode
 from tutorial_reference import TutorialDecoder, tutorial_loss
 
@@ -166,25 +181,38 @@ def bench_fresh_process(pairs: int, images: int = 64) -> dict:
             "fresh_without_setup_to_warm": summary([f / w for f, w in zip(plain, warm)])}
 
 
+PARTS = ("training", "fresh", "beam")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser, device=False)
+    add_isa_argument(parser)
     parser.add_argument("--pairs", type=int, default=None, help="interleaved measurements per ratio (default 5; 3 with --quick)")
+    parser.add_argument("--only", nargs="+", choices=PARTS, default=PARTS, help="the parts to measure (default all)")
+    parser.add_argument("--dims", nargs="+", type=int, default=[512, 2048], help="region sizes D for training (default 512 2048)")
     args = parser.parse_args()
+    run_with_isa(args.isa)
     setup(args)
     pairs = args.pairs or (3 if args.quick else 5)
     peak = matmul_peak_gflops()
     result = {"device": "cpu", "threads": torch.get_num_threads(), "torch": torch.__version__,
-              "machine": platform.machine(), "matmul_peak_gflops": round(peak, 1), "pairs": pairs, "training": {},
-              "beam_images_per_s": {}}
-    for region_dim in (512, 2048):
-        result["training"][f"D={region_dim}"] = bench_training(region_dim, pairs, peak)
-    result["fresh_process_beam"] = bench_fresh_process(pairs)
-    decoder = paper_decoder(512)
-    for beam in (1, 3, 5):
-        for batch in (1, 32):
-            images = (32 if args.quick else 64) if batch > 1 else 8
-            result["beam_images_per_s"][f"k={beam},batch={batch}"] = bench_beam(decoder, beam, batch, images)
+              "machine": platform.machine(), "cpu": machine_facts(args.isa), "matmul_peak_gflops": round(peak, 1),
+              "pairs": pairs}
+    if "training" in args.only:
+        result["training"] = {}
+        for region_dim in args.dims:
+            result["training"][f"D={region_dim}"] = bench_training(region_dim, pairs, peak)
+    if "fresh" in args.only:
+        result["fresh_process_beam"] = bench_fresh_process(pairs)
+    if "beam" in args.only:
+        result["beam_images_per_s"] = {}
+        decoder = paper_decoder(512)
+        for beam in (1, 3, 5):
+            for batch in (1, 32):
+                images = (32 if args.quick else 64) if batch > 1 else 8
+                result["beam_images_per_s"][f"k={beam},batch={batch}"] = bench_beam(decoder, beam, batch, images)
+    result["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
     print(json.dumps(result, indent=2))
 
 

@@ -1,9 +1,12 @@
 """What the benchmark scripts share: the special word indices, random captions of the paper's lengths,
-one teacher-forced training step, the CPU's fp32 matrix-multiply peak and a sampler of private memory."""
+one teacher-forced training step, the CPU's fp32 matrix-multiply peak, a sampler of private memory, and the
+emulation of a CPU with fewer vector extensions (``--isa``) with the facts of the machine a result came from."""
 
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -106,3 +109,54 @@ def setup(args: argparse.Namespace) -> torch.device:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     return resolve_device(getattr(args, "device", "cpu"))
+
+
+# What makes torch on an AVX-512 CPU run as on an AVX2-only one: ATen's own vectorised kernels (ATEN_CPU_CAPABILITY),
+# oneDNN's (bf16 matrix products, convolutions) and MKL's code path. MKL honours MKL_ENABLE_INSTRUCTIONS on Intel
+# processors only: on an AMD one it runs its Zen kernels, which are AVX2 (256-bit) whatever the CPU offers (on the
+# 2-core AMD EPYC of 2026-11: mkl_blas_def_sgemm_kernel_0_zen, ymm registers only, the same speed with the variable
+# set to SSE4_2 or AVX512), so there the float32 matrix products already are those of an AVX2 machine.
+ISA_ENVIRONMENTS = {
+    "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"},
+}
+VECTOR_FLAGS = ("avx", "avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
+
+
+def add_isa_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--isa", choices=("native", *ISA_ENVIRONMENTS), default="native",
+                        help="native, or run as on a CPU with only these vector extensions (the script starts again "
+                             "with " + "; ".join(f"{isa}: " + " ".join(f"{k}={v}" for k, v in env.items())
+                                                    for isa, env in ISA_ENVIRONMENTS.items()) + ")")
+
+
+def run_with_isa(isa: str) -> None:
+    """Start this script again (``exec``, the same arguments) with the environment that emulates ``isa``, unless it
+    is native or already set: the variables are read once, when torch first needs them."""
+    wanted = ISA_ENVIRONMENTS.get(isa)
+    if not wanted or all(os.environ.get(k) == v for k, v in wanted.items()):
+        return
+    sys.stdout.flush()
+    os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **wanted})
+
+
+def machine_facts(isa: str = "native") -> dict:
+    """Where a result came from: the CPU's model and vector extensions, the ISA asked for and what torch uses
+    (its kernels' capability, the environment variables set), the BLAS, threads, torch version, load average."""
+    from captioner.utils import cpu_model
+
+    flags: list[str] = []
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("flags"):
+                present = set(line.split(":", 1)[1].split())
+                flags = [f for f in VECTOR_FLAGS if f in present]
+                break
+    except OSError:
+        pass
+    env_names = sorted({k for env in ISA_ENVIRONMENTS.values() for k in env})
+    return {"cpu": cpu_model(), "cpu_vector_flags": flags, "isa": isa,
+            "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "isa_environment": {k: os.environ.get(k) for k in env_names},
+            "fp32_matmul": "MKL" if torch.backends.mkl.is_available() else "other BLAS",
+            "threads": torch.get_num_threads(), "torch": torch.__version__,
+            "load_average": [round(x, 2) for x in os.getloadavg()]}

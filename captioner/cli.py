@@ -184,7 +184,7 @@ def _cmd_demo(args) -> int:
     from captioner.demo import DEMO_RUNS, run_demo
 
     run_demo(Path(args.out), data_dir=Path(args.data), fast=args.fast, runs=tuple(args.runs or DEMO_RUNS),
-             seed=args.seed, jobs=args.jobs, resume=args.resume)
+             seed=args.seed, processes=args.processes, resume=args.resume)
     return 0
 
 
@@ -425,9 +425,9 @@ def build_parser() -> argparse.ArgumentParser:
                       "the shapes data stay the same")
     demo.add_argument("--runs", nargs="+", metavar="RUN", help="train only these runs (default: all of soft, "
                       "none, hard, transformer, soft_scst; soft_scst needs soft, trained now or before)")
-    demo.add_argument("--jobs", type=_positive_int, default=None,
-                      help="runs trained at once, each in a worker process with its share of the CPU cores (default: "
-                           "one per usable core on a CPU, 1 with a GPU); 1: one after the other in this process")
+    demo.add_argument("--processes", type=_positive_int, default=None,
+                      help="processes each run trains on, data parallel, one after the other (default: one per usable "
+                           "CPU core, at most 4, with the cores shared as torch threads; 1 with a GPU); 1: in this process")
     demo.add_argument("--resume", action="store_true", help="continue each run from its last.pt where it has one "
                       "(after Ctrl-C: the same result as a demo never stopped) instead of starting it over")
     demo.set_defaults(func=_cmd_demo)

@@ -7,10 +7,11 @@ Runs ``configs/demo_{name}.yaml`` for each name in ``DEMO_RUNS`` with the same s
 evaluates each on the held-out test split (beam: the configs' decode.beam), captions a few test images with attention
 figures, compares the runs (``captioner compare``) and writes ``{out}/summary.json``.
 
-On a CPU the runs train side by side, one worker process per usable core (``jobs``), each with its share of the
-cores as torch threads: the demo's small LSTM steps use a second thread poorly, so two one-thread runs together
-finish in 0.57-0.73 of the time the two take one after the other with two threads each (README, Speed). With a
-GPU (or ``jobs=1``) they train one after the other in this process.
+On a CPU each run trains on several worker processes at once, data parallel (gloo, as under torchrun: the same
+global batch split between them), one per usable core with one torch thread each: the demo's small LSTM steps
+use a second thread poorly, and a second process well. So the runs train one after the other, each as fast as the
+cores allow, and the soft model and its attention figures are ready first. With a GPU (or ``processes=1``) the
+runs train in this process.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import multiprocessing.connection
 import os
 import shutil
 import signal
+import socket
 import sys
 import time
 import traceback
@@ -52,6 +54,7 @@ SUMMARY_KEYS = ("BLEU-4", "CIDEr", "METEOR", "object_precision", "relation_accur
 DATA_STAMP = "made_by_captioner_demo.txt"   # in a data folder the demo generated: it may generate it anew
 DEMO_IMAGES, FAST_DEMO_IMAGES = 3000, 150
 DEMO_DATA_SETS = {(0, DEMO_IMAGES), (0, FAST_DEMO_IMAGES)}   # (seed, images) of the demo's data sets
+MAX_PROCESSES = 4       # data-parallel processes per run: beyond, a rank's share of a batch of 64 gets too small
 
 
 def shapes_overrides(data_dir: Path, features: Path) -> list[str]:
@@ -132,22 +135,37 @@ def demo_figures(checkpoint: Path, out_dir: Path, count: int) -> list[str]:
     return paths
 
 
-def default_jobs(runs: int) -> int:
-    """How many runs train at once by default: one with a GPU, else one per usable core (at most ``runs``)."""
-    return 1 if torch.cuda.is_available() else max(1, min(runs, usable_cores()))
+def figures_of(name: str, checkpoint: Path, out: Path, started: float) -> list[str]:
+    """:func:`demo_figures` of run ``name``'s ``checkpoint`` into ``out/figures``; says how long after the demo's
+    start its model and figures were ready, and how to use them."""
+    print(f"\n== captions and attention figures ({name}) ==", flush=True)
+    figures = demo_figures(checkpoint, out / "figures", FIGURE_IMAGES)
+    print(f"'{name}' model and its attention figures ready {time.perf_counter() - started:.0f} s after the start: "
+          f"{checkpoint}, {Path(figures[0]).parent}/ (the other runs go on training; meanwhile, try "
+          f"`captioner caption IMAGE --checkpoint {checkpoint}`)", flush=True)
+    return figures
 
 
-def threads_per_job(jobs: int) -> int:
-    """Torch threads of each of ``jobs`` worker processes: an equal share of the usable cores, at least one."""
-    return max(1, usable_cores() // jobs)
+def default_processes(configs: dict[str, dict]) -> int:
+    """How many processes each run trains on by default: one with a GPU; on a CPU one per usable core, at most
+    :data:`MAX_PROCESSES`, and a number that divides every run's batch evenly."""
+    if torch.cuda.is_available():
+        return 1
+    most = min(usable_cores(), MAX_PROCESSES)
+    return max(n for n in range(1, most + 1) if all(c["train"]["batch_size"] % n == 0 for c in configs.values()))
+
+
+def threads_per_process(processes: int) -> int:
+    """Torch threads of each of ``processes`` worker processes: an equal share of the usable cores, at least one."""
+    return max(1, usable_cores() // processes)
 
 
 def run_demo(out: Path, data_dir: Path, fast: bool = False, runs: tuple[str, ...] = DEMO_RUNS,
-             seed: int | None = None, jobs: int | None = None, resume: bool = False) -> dict:
+             seed: int | None = None, processes: int | None = None, resume: bool = False) -> dict:
     """The whole main job; returns (and writes) the summary. ``seed``: every run's ``run.seed`` instead of the
-    configs' (the shapes data stay those of seed 0). ``jobs``: how many runs train at once, each in a worker
-    process (default :func:`default_jobs`); 1 trains them one after the other in this process. ``resume``: a
-    run whose folder holds a ``last.pt`` continues from it instead of starting over."""
+    configs' (the shapes data stay those of seed 0). ``processes``: how many processes each run trains on, data
+    parallel (default :func:`default_processes`); 1 trains in this process. ``resume``: a run whose folder holds
+    a ``last.pt`` continues from it instead of starting over."""
     started = time.perf_counter()
     unknown = sorted(set(runs) - set(DEMO_RUNS))
     if unknown:
@@ -170,16 +188,28 @@ def run_demo(out: Path, data_dir: Path, fast: bool = False, runs: tuple[str, ...
     print(f"features cached in {feature_seconds:.1f} s")
     summary: dict = {"runs": earlier_runs(out, keep=set(DEMO_RUNS) - set(runs)), "figures": [],
                      "feature_seconds": round(feature_seconds, 1)}
-    jobs = min(jobs or default_jobs(len(configs)), len(configs))
-    if jobs == 1:
-        for name, config in configs.items():
-            summary["runs"][name] = finished(name, train_and_score(name, config, out, resume=resume), started)
-    else:
-        summary["runs"].update(train_side_by_side(configs, out, jobs, started, resume=resume))
+    # The figures show the first run of DEMO_RUNS (soft, unless an earlier demo in out trained it), drawn as soon
+    # as its model is ready, while the other runs train.
+    shown = next(name for name in DEMO_RUNS if name in runs or name in summary["runs"])
+
+    def on_finished(name: str, row: dict) -> None:
+        summary["runs"][name] = finished(name, row, started)
+        if name == shown:
+            summary["figures"] = figures_of(shown, Path(row["checkpoint"]), out, started)
+            summary["figures_after_seconds"] = round(time.perf_counter() - started, 1)
+
+    if shown not in runs:                        # kept from an earlier demo: its figures drawn now
+        summary["figures"] = figures_of(shown, Path(summary["runs"][shown]["checkpoint"]), out, started)
+    processes = processes or default_processes(configs)
+    where = (f"{processes} processes (data parallel, {threads_per_process(processes)} torch thread(s) each)"
+             if processes > 1 else "this process")
+    print(f"\n== training {len(configs)} run(s) one after the other, each on {where} ==", flush=True)
+    for name, config in configs.items():
+        if processes == 1:
+            on_finished(name, score_run(name, train_run(name, config, resume=resume), out))
+        else:
+            on_finished(name, train_on_workers(name, config, out, processes, resume=resume))
     summary["runs"] = {name: summary["runs"][name] for name in DEMO_RUNS if name in summary["runs"]}
-    shown = next(iter(summary["runs"]))          # soft, unless an earlier demo in out did not train it
-    print(f"\n== captions and attention figures ({shown}) ==")
-    summary["figures"] = demo_figures(Path(summary["runs"][shown]["checkpoint"]), out / "figures", FIGURE_IMAGES)
     print("\n== comparison report ==")
     report = write_report([out / name for name in summary["runs"]], out / "report", stats_images=100)
     summary["report"] = report["html"]
@@ -198,20 +228,26 @@ def earlier_runs(out: Path, keep: set[str]) -> dict:
     return {name: row for name, row in rows.items() if name in keep and Path(row["checkpoint"]).exists()}
 
 
-def train_and_score(name: str, config: dict, out: Path, progress: bool = True, resume: bool = False) -> dict:
-    """Train one demo run (with ``resume``, on from its ``last.pt`` if it has one), score it on the test split;
-    its row of the summary. Raises KeyboardInterrupt when a signal stopped the training (its resumable
-    ``last.pt`` saved)."""
+def train_run(name: str, config: dict, progress: bool = True, resume: bool = False, quiet: bool = False) -> dict:
+    """Train one demo run (with ``resume``, on from its ``last.pt`` if it has one); :func:`train`'s result. Raises
+    KeyboardInterrupt when a signal stopped the training (its resumable ``last.pt`` saved). ``quiet``: no banner
+    (the other ranks of a run trained on several processes)."""
     model, objective = config["model"], config["train"]["objective"]
     kind = ("Transformer decoder" if model["decoder"] == "transformer"
             else f"LSTM, {model['lstm']['attention']} {model['lstm']['attention_mode']} attention")
     if objective == "scst":
         kind = f"self-critical fine-tuning of {Path(config['train']['init_from']).parent.name}"
     continuing = resume and (Path(config["run"]["out"]) / "last.pt").exists()
-    print(f"\n== training '{name}' ({kind}){', on from its last.pt' if continuing else ''} ==")
+    if not quiet:
+        print(f"\n== training '{name}' ({kind}){', on from its last.pt' if continuing else ''} ==", flush=True)
     result = train(config, resume=continuing, overwrite=not continuing, progress=progress)
     if result["stopped"]:
         raise KeyboardInterrupt
+    return result
+
+
+def score_run(name: str, result: dict, out: Path) -> dict:
+    """Score the run :func:`train_run` trained on the test split; its row of the summary."""
     scores = evaluate_checkpoint(result["checkpoint"], "test", out_dir=out / name, progress=False)
     return {**{k: scores.get(k) for k in SUMMARY_KEYS}, "ROUGE-L": scores.get("ROUGE-L"), "BLEU-1": scores.get("BLEU-1"),
             "train_seconds": round(result["train_seconds"], 1), "words_per_s": round(result["words_per_s"] or 0),
@@ -226,73 +262,96 @@ def finished(name: str, row: dict, started: float) -> dict:
     return {**row, "done_after_seconds": round(elapsed, 1)}
 
 
-def train_side_by_side(configs: dict[str, dict], out: Path, jobs: int, started: float,
-                       resume: bool = False) -> dict[str, dict]:
-    """:func:`train_and_score` (with ``resume``) every run of ``configs``, ``jobs`` at a time, each in a worker
-    process of its own with :func:`threads_per_job` torch threads; a run that starts from another
-    (``STARTS_FROM``) waits for it, the others start in ``DEMO_RUNS`` order. Returns the rows in the order the
-    runs finished.
+def train_on_workers(name: str, config: dict, out: Path, processes: int, resume: bool = False) -> dict:
+    """Train run ``name`` on ``processes`` worker processes, data parallel over gloo on this machine (the ranks
+    torchrun would start: each a share of the global batch, every step's gradients summed), each with
+    :func:`threads_per_process` torch threads; rank 0 then scores it with every usable core. Returns its row.
 
     The workers live in a process group of their own: Ctrl-C (or SIGTERM) reaches this process alone, which then
-    sends SIGTERM to the workers still running, so that a run in training saves a resumable ``last.pt`` and
-    stops; the same happens to the others when one run fails, and its error is raised here."""
-    threads = threads_per_job(jobs)
-    print(f"\n== training {len(configs)} runs, {jobs} at a time ({threads} torch thread(s) each) ==", flush=True)
+    sends SIGTERM to the workers, so that the run saves a resumable ``last.pt`` and stops; a worker that fails
+    stops the others, and its error is raised here."""
     context = multiprocessing.get_context("spawn")
-    rows: dict[str, dict] = {}
-    waiting, running = dict(configs), {}      # running: the receiving end of a worker's pipe -> (name, process)
+    port, threads = free_port(), threads_per_process(processes)
+    workers = {}            # the receiving end of a worker's pipe -> its process
+    for rank in range(processes):
+        receiver, sender = context.Pipe(duplex=False)
+        process = context.Process(target=train_in_worker, name=f"demo-{name}-{rank}",
+                                  args=(name, config, out, resume, rank, processes, port, threads, sender))
+        process.start()
+        sender.close()
+        workers[receiver] = process
+    row = None
     with sigterm_as_keyboard_interrupt():
         try:
-            while waiting or running:
-                busy = {name for name, _ in running.values()}
-                ready = [name for name in waiting if STARTS_FROM.get(name) not in {*waiting, *busy}]
-                for name in ready[:jobs - len(running)]:
-                    receiver, sender = context.Pipe(duplex=False)
-                    process = context.Process(target=train_in_worker, name=f"demo-{name}",
-                                              args=(name, waiting.pop(name), out, resume, threads, sender))
-                    process.start()
-                    sender.close()
-                    running[receiver] = (name, process)
-                for receiver in multiprocessing.connection.wait(list(running)):
-                    name, process = running.pop(receiver)
+            while workers:
+                for receiver in multiprocessing.connection.wait(list(workers)):
+                    process = workers.pop(receiver)
                     try:
                         outcome = receiver.recv()
                     except EOFError:                # it died without a word
                         outcome = ("ended", None)
                     process.join()
                     if outcome[0] == "row":
-                        rows[name] = finished(name, outcome[1], started)
+                        row = outcome[1]
                     elif outcome[0] == "error":
                         raise outcome[1]
                     elif outcome[0] == "interrupted":
                         raise KeyboardInterrupt
-                    else:
-                        raise CaptionerError(f"{out / name}: the worker process of demo run '{name}' ended abruptly "
-                                             f"(exit code {process.exitcode}: killed, or out of memory?)")
+                    elif outcome[0] != "trained":
+                        raise CaptionerError(f"{out / name}: worker process {process.name} of demo run '{name}' ended "
+                                             f"abruptly (exit code {process.exitcode}: killed, or out of memory?)")
         except BaseException:
-            for _, process in running.values():
-                process.terminate()     # SIGTERM: see train_in_worker
-            for _, process in running.values():
-                process.join()
+            stop_workers(list(workers.values()))
             raise
-    return rows
+    return row
 
 
-def train_in_worker(name: str, config: dict, out: Path, resume: bool, threads: int, sender) -> None:
-    """A worker process of :func:`train_side_by_side`: :func:`train_and_score` with ``threads`` torch threads,
-    no progress bars and each printed line prefixed by ``[name]``; sends ``("row", row)``, ``("error", error)``
-    or ``("interrupted", None)`` through ``sender``.
+def stop_workers(processes: list, grace_seconds: float = 60.0) -> None:
+    """SIGTERM to each worker (see :func:`train_in_worker`), then SIGKILL to any still running after
+    ``grace_seconds`` (a rank waiting for a peer that is gone cannot act on SIGTERM)."""
+    for process in processes:
+        process.terminate()
+    deadline = time.monotonic() + grace_seconds
+    for process in processes:
+        process.join(max(0.0, deadline - time.monotonic()))
+    for process in processes:
+        if process.is_alive():
+            process.kill()
+            process.join()
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now, for the workers' process group to meet at."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def train_in_worker(name: str, config: dict, out: Path, resume: bool, rank: int, size: int, port: int, threads: int,
+                    sender) -> None:
+    """A worker process of :func:`train_on_workers`: rank ``rank`` of ``size`` (torchrun's environment variables
+    set for it), with ``threads`` torch threads, no progress bars and each printed line prefixed by ``[name]``.
+    Rank 0 sends ``("row", row)`` after scoring the run with every usable core, the others ``("trained", None)``;
+    any of them ``("error", error)`` or ``("interrupted", None)``.
 
     SIGTERM stops it: in training, after saving a resumable ``last.pt``; in evaluation, at once."""
     if hasattr(os, "setpgrp"):
         os.setpgrp()                # out of the terminal's process group: Ctrl-C goes to the demo process only
     signal.signal(signal.SIGTERM, raise_keyboard_interrupt)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
+                      WORLD_SIZE=str(size))
     torch.set_num_threads(threads)
     keep_freed_memory()
-    sys.stdout, sys.stderr = LinePrefixer(sys.stdout, f"[{name}] "), LinePrefixer(sys.stderr, f"[{name}] ")
+    prefix = f"[{name}] " if rank == 0 else f"[{name}, rank {rank}] "
+    sys.stdout, sys.stderr = LinePrefixer(sys.stdout, prefix), LinePrefixer(sys.stderr, prefix)
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr)
     try:
-        sender.send(("row", train_and_score(name, config, out, progress=False, resume=resume)))
+        result = train_run(name, config, progress=False, resume=resume, quiet=rank > 0)
+        if rank == 0:
+            torch.set_num_threads(usable_cores())     # the other ranks are done
+            sender.send(("row", score_run(name, result, out)))
+        else:
+            sender.send(("trained", None))
     except KeyboardInterrupt:
         sender.send(("interrupted", None))
     except Exception as err:                # handed to the demo process, which raises it

@@ -231,3 +231,13 @@ def release_freed_memory() -> bool:
     except (OSError, AttributeError):
         return False
     return bool(malloc_trim(0))
+
+
+def backward_keeps_graph() -> bool:
+    """Whether the backward pass running now keeps the graph (``retain_graph``), so that a custom autograd node
+    must not overwrite the tensors it saved; True where torch cannot say (no such query, or while compiling:
+    a traced backward runs again for every later pass)."""
+    keep_graph = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", None)
+    if keep_graph is None or torch.compiler.is_compiling():
+        return True
+    return bool(keep_graph())

@@ -1,14 +1,93 @@
-"""Shared fixtures: a tiny COCO-format caption dataset of real image files, and tiny configs."""
+"""Shared fixtures: a tiny COCO-format caption dataset of real image files, and tiny configs.
+
+`make test` runs the suite on parallel workers (pytest-xdist, ``-n auto --dist loadscope --no-loadscope-reorder``):
+:func:`pytest_xdist_auto_num_workers` picks how many; each worker gets an equal share of the cores as torch threads;
+each test module runs whole on one worker, in its own order, so that its module-scoped fixtures (a trained run,
+METEOR's Java, a live server, a 60-megapixel PNG) are made once; the modules of the long tests start first
+(:func:`pytest_collection_modifyitems`); and the costly session fixtures are built once for all workers
+(:func:`shared_by_workers`). Plain ``pytest tests`` still runs everything in one process, in collection order.
+(``--dist loadgroup`` with xdist_group marks would be finer, but pytest 9.2 ignores the node-ID suffix through
+which pytest-xdist 3.8 groups tests, so those marks have no effect there.)"""
 
 import json
 import os
+import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
+
+from captioner.utils import usable_cores
 
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("WANDB_SILENT", "true")
+
+MAX_WORKERS = 6     # past this the longest test (the demo's) bounds the run, and each worker repeats its set-up
+
+
+@pytest.hookimpl(optionalhook=True)        # a hook of pytest-xdist's: unknown to pytest without it
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto``: one worker per usable core, at most :data:`MAX_WORKERS` (PYTEST_XDIST_AUTO_NUM_WORKERS
+    overrides, as in xdist itself)."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS", "").isdigit():
+        return int(os.environ["PYTEST_XDIST_AUTO_NUM_WORKERS"])
+    return min(usable_cores(), MAX_WORKERS)
+
+
+WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+if WORKERS > 1:
+    # A worker's fair share of the cores: torch's default (every core in each worker) makes the workers' threads
+    # wait on one another. Child processes (servers, notebook kernels) inherit the share through OMP_NUM_THREADS;
+    # tests that compare a child's floats with this process's pass torch.get_num_threads() on explicitly.
+    THREADS = max(1, usable_cores() // WORKERS)
+    torch.set_num_threads(THREADS)
+    os.environ["OMP_NUM_THREADS"] = str(THREADS)
+
+# Tests that take tens of seconds (besides those marked slow): on parallel workers their modules run first, so that
+# none is left to run alone at the end (in one process the order stays as collected).
+# Marked slow as well, so `-m "not slow"` gives a quick run.
+LONG_TESTS = {
+    "test_demo_fast_writes_the_summary_figures_and_report", "test_notebook_runs_in_small_mode",
+    "test_cpu_switches_channels_last_a_no_op_amp_and_compile_close_to_float32",
+    "test_hard_attention_run_round_trips_and_compare_writes_report",
+    "test_the_decoding_process_gives_the_captions_of_the_server_process",
+    "test_resume_after_epoch_equals_uninterrupted", "test_every_script_make_target_and_benchmark_shown_exists",
+    "test_transformer_run_trains_captions_and_joins_the_comparison", "test_an_easy_reward_is_driven_to_its_maximum",
+    "test_wandb_project_entity_tags_and_a_resumed_run_continues_its_wandb_run",
+    "test_train_from_cached_features_then_cli_caption_and_evaluate",
+    "test_a_burst_of_64_uploads_of_a_60_megapixel_png_stays_under_the_memory_ceiling",
+    "test_two_gloo_processes_train_like_one_process_with_the_same_global_batch",
+    "test_signal_mid_epoch_saves_and_resume_equals_uninterrupted",
+    "test_kill_9_mid_epoch_then_resume_equals_uninterrupted",
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if getattr(item, "originalname", item.name) in LONG_TESTS:
+            item.add_marker(pytest.mark.slow)
+    if "PYTEST_XDIST_WORKER" in os.environ:      # each worker collects alike, so they agree on the order
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None)     # stable: otherwise as collected
+
+
+def shared_by_workers(tmp_path_factory, name: str, build):
+    """``build(folder)``'s result (JSON), with ``folder`` a new temporary folder: built once per run, by whichever
+    worker first asks, and read back by the others (each xdist worker has a session of its own)."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        return build(tmp_path_factory.mktemp(name))
+    from filelock import FileLock        # a dependency of torch's
+
+    root = tmp_path_factory.getbasetemp().parent        # the run's folder, above each worker's own
+    folder, result = root / name, root / f"{name}.json"
+    with FileLock(str(root / f"{name}.lock")):
+        if not result.exists():
+            shutil.rmtree(folder, ignore_errors=True)       # what a worker whose build failed left
+            folder.mkdir()
+            result.write_text(json.dumps(build(folder)))
+    return json.loads(result.read_text())
+
 
 COLOURS = {"red": (220, 30, 30), "green": (30, 180, 40), "blue": (30, 60, 220)}
 
@@ -35,11 +114,13 @@ def _write_split(root, split, count, first_id, rng):
 @pytest.fixture(scope="session")
 def tiny_coco(tmp_path_factory):
     """12 train / 6 val / 6 test 32x32 images of a coloured square on one side, two captions each."""
-    root = tmp_path_factory.mktemp("tiny_coco")
-    rng = np.random.default_rng(0)
-    for split, count, first in (("train", 12, 100), ("val", 6, 200), ("test", 6, 300)):
-        _write_split(root, split, count, first, rng)
-    return root
+    def build(root):
+        rng = np.random.default_rng(0)
+        for split, count, first in (("train", 12, 100), ("val", 6, 200), ("test", 6, 300)):
+            _write_split(root, split, count, first, rng)
+        return str(root)
+
+    return Path(shared_by_workers(tmp_path_factory, "tiny_coco", build))
 
 
 def tiny_config(root, out, **sections):
@@ -63,8 +144,6 @@ def tiny_config(root, out, **sections):
 
 def memorise(decoder, features, captions, lr: float, steps: int = 150) -> float:
     """Fit ``decoder`` to ``captions`` (B, T+1) of ``features`` (B, L, D) with Adam; returns the last loss."""
-    import torch
-
     from captioner.training.losses import caption_loss
 
     optimizer = torch.optim.Adam(decoder.parameters(), lr=lr)
@@ -84,12 +163,12 @@ def served_checkpoints(tiny_coco, tmp_path_factory):
     ``wide`` (32x64 images: a 2x4 grid) and ``transformer``, each trained for a few seconds on ``tiny_coco``."""
     from captioner.training.engine import train
 
-    root = tmp_path_factory.mktemp("served")
     positions = {"region_position": "sinusoidal", "position_dim": 8}
     runs = {"soft": {"model": {"lstm": positions}}, "hard": {"model": {"lstm": {**positions, "attention_mode": "hard"}}},
             "wide": {"encoder": {"image_size": [32, 64]}},
             "transformer": {"model": {"decoder": "transformer", "transformer": {"d_model": 16, "num_layers": 1,
                                                                               "num_heads": 2, "ffn_dim": 32}},
                             "loss": {"doubly_stochastic": 0.0}}}
-    return {name: train(tiny_config(tiny_coco, root / name, train={"epochs": 1}, **sections))["checkpoint"]
-            for name, sections in runs.items()}
+    return shared_by_workers(tmp_path_factory, "served", lambda root: {
+        name: train(tiny_config(tiny_coco, root / name, train={"epochs": 1}, **sections))["checkpoint"]
+        for name, sections in runs.items()})

@@ -314,3 +314,87 @@ def test_decoder_memorises_a_few_captions():
     assert memorise(decoder, features, captions, lr=1e-2) < 0.05
     decoded = greedy(decoder.eval(), features, max_length=6, rules=RULES)
     assert [g.tokens for g in decoded] == [[5, 6, 7], [8, 9], [10, 11, 12], [7, 6, 5]]
+
+
+def plain_additive_scores(keys, query, weight, bias):
+    """The additive score by torch's own autograd: the reference for the one-node version."""
+    return torch.nn.functional.linear(torch.tanh(keys.unsqueeze(1) + query.unsqueeze(2)), weight, bias).squeeze(-1)
+
+
+@pytest.mark.parametrize("keep_graph", [False, True])
+def test_the_additive_score_node_has_the_gradients_of_plain_autograd(keep_graph):
+    from captioner.models.attention import additive_tanh_scores
+
+    torch.manual_seed(0)
+    inputs = [torch.randn(3, 7, 5, dtype=torch.float64), torch.randn(3, 2, 5, dtype=torch.float64),
+              torch.randn(1, 5, dtype=torch.float64), torch.randn(1, dtype=torch.float64)]
+    upstream = torch.randn(3, 2, 7, dtype=torch.float64)
+
+    def gradients(score):
+        leaves = [t.clone().requires_grad_() for t in inputs]
+        out = score(*leaves)
+        grads = torch.autograd.grad(out, leaves, upstream, retain_graph=keep_graph)
+        if keep_graph:     # a kept graph must give the same gradients again: nothing saved was overwritten
+            torch.testing.assert_close(torch.autograd.grad(out, leaves, upstream), grads)
+        return out.detach(), grads
+
+    (node_out, node_grads), (plain_out, plain_grads) = gradients(additive_tanh_scores), gradients(plain_additive_scores)
+    torch.testing.assert_close(node_out, plain_out, rtol=1e-12, atol=1e-12)
+    for node, plain in zip(node_grads, plain_grads):
+        torch.testing.assert_close(node, plain, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("keep_graph", [False, True])
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_the_word_loss_node_has_the_gradients_of_plain_autograd(smoothing, keep_graph):
+    torch.manual_seed(0)
+    logits, targets = torch.randn(2, 6, 11), torch.randint(1, 11, (2, 6))     # the loss is float32 whatever the logits
+    targets[0, 4:] = 0                                                     # padding
+    upstream = torch.tensor(0.7)
+    node_logits = logits.clone().requires_grad_()
+    loss = caption_loss(node_logits, targets, None, 0.0, label_smoothing=smoothing)["loss"]
+    (node,) = torch.autograd.grad(loss, node_logits, upstream, retain_graph=keep_graph)
+    if keep_graph:
+        torch.testing.assert_close(torch.autograd.grad(loss, node_logits, upstream)[0], node)
+    plain_logits = logits.clone().requires_grad_()
+    real = targets != 0
+    plain_loss = torch.nn.functional.cross_entropy(plain_logits[real], targets[real], label_smoothing=smoothing)
+    (plain,) = torch.autograd.grad(plain_loss, plain_logits, upstream)
+    torch.testing.assert_close(loss.detach(), plain_loss.detach(), rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(node, plain, rtol=1e-5, atol=1e-7)
+    assert node[~real].eq(0).all()
+
+
+@pytest.mark.parametrize("kind, options", [("additive", {}), ("additive", {"gate": "vector", "learned_sharpness": True}),
+                                           ("dot", {"gate": "none"}), ("general", {}), ("none", {})])
+def test_teacher_forcing_has_the_gradients_of_word_by_word_steps(kind, options, monkeypatch):
+    """The packed, step-major teacher forcing (one product for the weights' gradients over all words, one node
+    for the additive score, one for the loss) against the decode-step interface run word by word under
+    torch's own autograd: the same loss and the same gradient for every parameter."""
+    from captioner.models import attention
+
+    features, captions = torch.randn(3, 12, 16), captions_batch()
+    targets = captions[:, 1:]
+    real = targets != 0
+
+    def gradients(decoder, loss):
+        decoder.zero_grad()
+        loss.backward()
+        return loss.detach(), {name: p.grad.clone() for name, p in decoder.named_parameters() if p.grad is not None}
+
+    decoder = make_decoder(kind, region_position="sinusoidal", position_dim=4, **options)
+    out = decoder(features, captions)
+    packed_loss, packed = gradients(decoder, caption_loss(out.logits, targets, None, 0.0)["loss"])
+
+    monkeypatch.setattr(attention, "additive_tanh_scores", plain_additive_scores)
+    state, log_probs = decoder.init_state(features), []
+    for t in range(targets.shape[1]):
+        step_log_probs, state, _ = decoder.step(captions[:, t], state)
+        log_probs.append(step_log_probs)
+    chosen = torch.stack(log_probs, 1).gather(2, targets.unsqueeze(2)).squeeze(2)
+    stepwise_loss, stepwise = gradients(decoder, -chosen[real].sum() / real.sum())
+
+    torch.testing.assert_close(packed_loss, stepwise_loss, rtol=1e-6, atol=1e-6)
+    assert packed.keys() == stepwise.keys() and "recurrent_gates.weight" in packed
+    for name in packed:
+        torch.testing.assert_close(packed[name], stepwise[name], rtol=1e-4, atol=1e-6, msg=name)

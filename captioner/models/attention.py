@@ -21,7 +21,10 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import nn
+
+from captioner.utils import backward_keeps_graph
 
 SCORES = ("additive", "dot", "scaled_dot", "general", "none")
 
@@ -53,6 +56,75 @@ def tanh_(x: torch.Tensor) -> torch.Tensor:
     return x.mul_(2).sigmoid_().mul_(2).sub_(1)
 
 
+
+def _additive_hidden_and_scores(keys, query, weight, bias):
+    """``(hidden, scores)``: ``tanh(k_i + q)`` (B, k, L, A) in one fresh tensor and ``w . hidden + b`` (B, k, L), for
+    keys (B, L, A) and queries (B, k, A), without gradient tracking. On a CPU the hidden tensor is
+    ``2 sigmoid(2 keys + 2 query) - 1`` (see :func:`tanh_`): the doubled sum is one kernel (``2 query + 2 keys``,
+    exactly ``2 (keys + query)``), the rest in place; the same numbers as ``tanh_`` of the sum."""
+    if keys.device.type == "cpu":
+        hidden = torch.add(query.unsqueeze(2) * 2, keys.unsqueeze(1), alpha=2).sigmoid_().mul_(2).sub_(1)
+    else:
+        hidden = torch.add(keys.unsqueeze(1), query.unsqueeze(2)).tanh_()
+    if torch.is_autocast_enabled(keys.device.type):    # the score in the hidden tensor's type, as autocast's linear
+        with torch.autocast(keys.device.type, enabled=False):
+            return hidden, F.linear(hidden, weight.to(hidden.dtype), None if bias is None else bias.to(hidden.dtype)).squeeze(-1)
+    return hidden, F.linear(hidden, weight, bias).squeeze(-1)
+
+
+class _AdditiveTanhScore(torch.autograd.Function):
+    """The additive score ``e = w . tanh(k_i + q) + b`` (B, k, L) of keys (B, L, A) against queries (B, k, A) as
+    one autograd node. Its ``(B, k, L, A)`` hidden tensor, the largest of a training step, is made and saved
+    once; the backward pass takes ``dw`` from it, then turns it in place (unless the graph is kept for another
+    backward pass) into ``grad * w * (1 - hidden^2)``: two passes over memory already there, where torch's own
+    graph makes a matrix product of inner size 1 (which the CPU BLAS runs several times slower than a broadcast
+    product) and a fresh ``tanh'`` tensor. The same numbers as ``energy(tanh_(keys + q))``."""
+
+    @staticmethod
+    def forward(ctx, keys, query, weight, bias):
+        hidden, scores = _additive_hidden_and_scores(keys, query, weight, bias)
+        ctx.save_for_backward(hidden, weight)
+        ctx.has_bias = bias is not None
+        return scores
+
+    @staticmethod
+    def backward(ctx, grad):
+        hidden, weight = ctx.saved_tensors
+        size = hidden.shape[-1]
+        grad = grad.to(hidden.dtype)
+        column = grad.reshape(-1, 1)                                                 # (B k L, 1)
+        flat = hidden.view(-1, size)
+        grad_keys = grad_query = grad_weight = grad_bias = None
+        if ctx.needs_input_grad[2]:   # sum of grad * hidden: image by image (a batched product; one matrix-vector
+            # product over all rows is a single thread's work in MKL), then over the images
+            grad_weight = torch.bmm(grad.reshape(hidden.shape[0], 1, -1), hidden.view(hidden.shape[0], -1, size))
+            grad_weight = grad_weight.sum(0).to(weight.dtype)
+        if ctx.has_bias and ctx.needs_input_grad[3]:
+            grad_bias = grad.sum().reshape(1)
+        if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
+            w = weight.to(hidden.dtype).view(1, -1)
+            if backward_keeps_graph():
+                d = torch.mul(w, column)                                             # d e / d hidden
+                torch.ops.aten.tanh_backward.grad_input(d, flat, grad_input=d)      # * (1 - hidden^2)
+            else:
+                d = torch.ops.aten.tanh_backward.grad_input(w.expand_as(flat), flat, grad_input=flat).mul_(column)
+            d = d.view(hidden.shape)
+            if ctx.needs_input_grad[0]:
+                grad_keys = d.squeeze(1) if d.shape[1] == 1 else d.sum(1)
+            if ctx.needs_input_grad[1]:
+                grad_query = d.sum(2)
+        return grad_keys, grad_query, grad_weight, grad_bias
+
+
+def additive_tanh_scores(keys: torch.Tensor, query: torch.Tensor, weight: torch.Tensor,
+                         bias: torch.Tensor | None) -> torch.Tensor:
+    """``w . tanh(k_i + q) + b`` (B, k, L) of keys (B, L, A) and queries (B, k, A): one autograd node
+    (:class:`_AdditiveTanhScore`) when a gradient is needed."""
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (keys, query, weight, bias)):
+        return _AdditiveTanhScore.apply(keys, query, weight, bias)
+    return _additive_hidden_and_scores(keys, query, weight, bias)[1]
+
+
 # in place on the fresh sum: one pass less over the (B, k, L, A) tensor, the largest of a decoding step
 ACTIVATIONS = {"tanh": tanh_, "relu": torch.relu_}
 
@@ -68,6 +140,7 @@ class RegionAttention(nn.Module):
         if activation not in ACTIVATIONS:
             raise ValueError(f"the additive score's activation must be one of {tuple(ACTIVATIONS)}, not {activation!r}")
         self.score = score
+        self.activation_name = activation
         self.activation = ACTIVATIONS[activation]
         if score == "additive":
             self.region_proj = nn.Linear(region_dim, attention_dim)
@@ -87,28 +160,41 @@ class RegionAttention(nn.Module):
         """Region side of the score, once per image: ``(B, L, D)`` -> ``(B, L, A)`` (None for ``none``)."""
         return None if self.score == "none" else self.region_proj(regions)
 
-    def scores(self, keys: torch.Tensor | None, query: torch.Tensor, num_regions: int) -> torch.Tensor:
+    @property
+    def query_projection(self) -> nn.Linear | None:
+        """The query side's linear map ``W_h`` (None for ``general`` and ``none``): a caller that already computes
+        ``W_h h`` beside other maps of the same ``h`` (the LSTM decoder, in one product per step) passes it as
+        ``projected_query``."""
+        return self.query_proj if self.score in ("additive", "dot", "scaled_dot") else None
+
+    def scores(self, keys: torch.Tensor | None, query: torch.Tensor, num_regions: int,
+               projected_query: torch.Tensor | None = None) -> torch.Tensor:
         """Unnormalised scores ``(N, L)`` from projected regions ``keys`` (B, L, A) and queries ``query`` (N, H),
         N = B * k: image b's regions serve its k queries in rows ``b * k`` to ``b * k + k - 1`` (k hypotheses of a
-        search; k = 1 in training)."""
+        search; k = 1 in training). ``projected_query`` (N, A): ``query_projection(query)``, when already at hand."""
         rows = query.shape[0]
         if self.score == "none":
             return query.new_zeros(rows, num_regions)
         images = keys.shape[0]
-        q = query if self.score == "general" else self.query_proj(query)
+        if projected_query is not None:
+            q = projected_query
+        else:
+            q = query if self.score == "general" else self.query_proj(query)
         q = q.view(images, rows // images, -1)                                      # (B, k, A)
         if self.score == "additive":
+            if self.activation_name == "tanh":
+                return additive_tanh_scores(keys, q, self.energy.weight, self.energy.bias).reshape(rows, num_regions)
             hidden = self.activation(keys.unsqueeze(1) + q.unsqueeze(2))             # (B, k, L, A)
             return self.energy(hidden).reshape(rows, num_regions)
         return torch.bmm(q, keys.transpose(1, 2)).reshape(rows, num_regions) * self.scale
 
     def forward(self, keys: torch.Tensor | None, query: torch.Tensor, num_regions: int,
-                mask: torch.Tensor | None = None) -> torch.Tensor:
+                mask: torch.Tensor | None = None, projected_query: torch.Tensor | None = None) -> torch.Tensor:
         """Attention weights ``alpha`` (N, L) of N = B * k queries over B images' regions (see :meth:`scores`),
         summing to 1 over valid regions. ``mask`` (N, L) bool marks valid regions; masked regions get exactly
-        zero weight.
+        zero weight. ``projected_query``: see :meth:`scores`.
         """
-        scores = self.scores(keys, query, num_regions)
+        scores = self.scores(keys, query, num_regions, projected_query)
         if self.log_sharpness is not None:
             scores = scores * self.log_sharpness.exp()
         if mask is not None:

@@ -17,6 +17,12 @@ The training objective for hard attention is in :func:`captioner.training.losses
 is taken out of the loop: the region projection ``W_a a_i`` (once per image), the embedding part of
 the LSTM gates and the whole output layer (once per caption, over all steps at once).
 
+Teacher forcing lays the words out packed, step-major (step t's running captions, longest first, then step
+t+1's): per word, the three linear maps of ``h_{t-1}`` (the gates' recurrent part, the attention's query and
+the gate ``f_beta``) are one matrix product, and the gradients of the weights that every step uses come in the
+backward pass as one product over all words (:class:`_RecurrentTerms`) rather than one thin product and one
+full-size accumulation per word.
+
 The decoder keeps the contract of :mod:`captioner.models.decoder`; its ``fixed_state`` is ``regions`` and
 ``keys`` (the projected regions).
 """
@@ -85,6 +91,66 @@ def prefixes(tensor: torch.Tensor | None, sizes: list[int]) -> list[torch.Tensor
     return [tensor[:n] for n in sizes]
 
 
+class _StepRecord:
+    """What the teacher-forced recurrence leaves for :class:`_RecurrentTerms`'s backward pass: each step's
+    ``h_{t-1}`` and ``z_t`` of its running rows (detached), in the packed order."""
+
+    def __init__(self):
+        self.hidden: list[torch.Tensor] = []
+        self.context: list[torch.Tensor] = []
+
+
+class _RecurrentTerms(torch.autograd.Function):
+    """The per-word pre-activations of the teacher-forced recurrence, ``carrier`` (W, 4H [+ A] [+ G]) for W packed
+    words: the embedding part of the gates (``input_gates``), zeros for the attention's query ``W_q h_{t-1}`` and
+    the gate's bias for ``f_beta(h_{t-1})``. Step t adds ``h_{t-1} [W_h; W_q; W_beta]^T`` and ``z_t W_z^T`` to its
+    slice with the weights detached, so the gradient reaching ``carrier`` is, word by word, that of the gates, of
+    the query and of the gate's logit; the backward pass here turns it into the weights' gradients with one
+    product over all words, ``d[W_z W_h] = d gates^T [z | h_prev]`` (and the same for ``W_q``, ``W_beta``), from
+    the inputs the recurrence left in ``record``. Per-word weight gradients would be T thin products and T
+    accumulations of the full weight."""
+
+    @staticmethod
+    def forward(ctx, input_gates, gate_bias, recurrent_weight, query_weight, gate_weight, record):
+        ctx.record = record
+        ctx.sizes = [input_gates.shape[1]] + [w.shape[0] for w in (query_weight, gate_weight) if w is not None]
+        ctx.has_query, ctx.has_gate = query_weight is not None, gate_weight is not None
+        parts = [input_gates]
+        if query_weight is not None:
+            parts.append(input_gates.new_zeros(input_gates.shape[0], query_weight.shape[0]))
+        if gate_weight is not None:
+            parts.append(gate_bias.to(input_gates.dtype).expand(input_gates.shape[0], -1))
+        return torch.cat(parts, dim=1)
+
+    @staticmethod
+    def backward(ctx, grad):
+        pieces = list(grad.split(ctx.sizes, dim=1))
+        grad_gates = pieces.pop(0)
+        grad_bias = grad_recurrent = grad_query = grad_gate = None
+        hidden = torch.cat(ctx.record.hidden).to(grad.dtype)                     # (W, H): h_{t-1} per word
+        if ctx.needs_input_grad[2]:
+            inputs = torch.cat([torch.cat(ctx.record.context).to(grad.dtype), hidden], dim=1)   # (W, D' + H)
+            grad_recurrent = grad_gates.t() @ inputs
+        if ctx.has_query:
+            grad_q = pieces.pop(0)
+            if ctx.needs_input_grad[3]:
+                grad_query = grad_q.t() @ hidden
+        if ctx.has_gate:
+            grad_beta = pieces.pop(0)
+            if ctx.needs_input_grad[4]:
+                grad_gate = grad_beta.t() @ hidden
+            if ctx.needs_input_grad[1]:
+                grad_bias = grad_beta.sum(0)
+        return grad_gates, grad_bias, grad_recurrent, grad_query, grad_gate, None
+
+
+def _unpack(packed: torch.Tensor, to_packed: torch.Tensor) -> torch.Tensor:
+    """Packed rows ``(W, ...)`` -> ``(B, T, ...)`` by ``to_packed`` (B, T), the packed row of each position, W at
+    padding (where the result is zero)."""
+    padded = torch.cat([packed, packed.new_zeros(1, *packed.shape[1:])])
+    return padded.index_select(0, to_packed.reshape(-1)).view(*to_packed.shape, *packed.shape[1:])
+
+
 class LSTMDecoder(nn.Module):
     """Soft-attention LSTM decoder with the paper's gating, initial state and deep output."""
 
@@ -147,17 +213,19 @@ class LSTMDecoder(nn.Module):
         return torch.tanh(self.init_h(mean)), torch.tanh(self.init_c(mean))
 
     def context(self, regions: torch.Tensor, keys: torch.Tensor | None, h: torch.Tensor,
-                expectation_rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, dict]:
+                expectation_rows: torch.Tensor | None = None, query: torch.Tensor | None = None,
+                gate_logit: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, dict]:
         """Gated context ``z_t`` (N, D'), ``alpha_t`` (N, L) and, for hard attention, the chosen location, for
         N = B * k hidden states ``h`` (N, H) over B images' ``regions`` (B, L, D') and ``keys`` (B, L, A): each
-        image's k hypotheses sit in adjacent rows (k = 1 in training).
+        image's k hypotheses sit in adjacent rows (k = 1 in training). ``query`` (the attention's ``W_q h``) and
+        ``gate_logit`` (``f_beta(h)``) are computed from ``h`` unless given.
 
         Soft: ``z_t = beta * sum_i alpha_ti a_i``. Hard: ``z_t = beta * a_{s_t}`` with ``s_t`` sampled from
         ``alpha_t`` (training, or ``hard_decode=sample``) or its argmax; rows where ``expectation_rows`` (B,)
         is true use ``alpha_t`` instead. The third value holds, for hard attention, ``chosen`` (B, L)
         one-hot, ``log_prob_location`` (B,) ``log alpha_t[s_t]`` and ``entropy`` (B,) of ``alpha_t``.
         """
-        alpha = self.attention(keys, h, regions.shape[1])
+        alpha = self.attention(keys, h, regions.shape[1], projected_query=query)
         location_info: dict[str, torch.Tensor] = {}
         weights = alpha
         if self.hard:
@@ -173,20 +241,29 @@ class LSTMDecoder(nn.Module):
         images = regions.shape[0]
         z = torch.bmm(weights.view(images, -1, weights.shape[1]), regions).view(weights.shape[0], -1)
         if self.gate is not None:
-            z = torch.sigmoid(self.gate(h)) * z
+            z = torch.sigmoid(self.gate(h) if gate_logit is None else gate_logit) * z
         return z, alpha, location_info
 
-    def lstm_cell(self, input_gates: torch.Tensor, z: torch.Tensor, h: torch.Tensor, c: torch.Tensor):
-        gates = input_gates + self.recurrent_gates(torch.cat([z, h], dim=1))
+    @staticmethod
+    def lstm_pointwise(gates: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``h_t, c_t`` from the gates' pre-activations ``i, f, g, o`` (N, 4H) and ``c_{t-1}``."""
         i, f, g, o = gates.chunk(4, dim=1)
         c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
         return torch.sigmoid(o) * torch.tanh(c), c
 
+    def deep_output(self, embedded: torch.Tensor, h: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """``tanh(E y_{t-1} + L_h h_t + L_z z_t)``: ``(..., E), (..., H), (..., D')`` -> ``(..., E)``."""
+        return torch.tanh(embedded + self.out_hidden(h) + self.out_context(z))
+
     def output_logits(self, embedded: torch.Tensor, h: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         """Deep output layer: ``(..., E), (..., H), (..., D')`` -> logits ``(..., V)``."""
-        return self.out_words(self.dropout(torch.tanh(embedded + self.out_hidden(h) + self.out_context(z))))
+        return self.out_words(self.dropout(self.deep_output(embedded, h, z)))
 
     # -- teacher forcing ------------------------------------------------------------------------------
+    def hidden_maps(self) -> list[nn.Module]:
+        """The maps of ``h_{t-1}`` beside the gates' recurrent part: the attention's query, the gate (if any)."""
+        return [m for m in (self.attention.query_projection, self.gate) if m is not None]
+
     def forward(self, features: torch.Tensor, captions: torch.Tensor) -> TeacherForced:
         """Teacher-forced pass (see :class:`~captioner.models.decoder.TeacherForced`): ``features`` (B, L, D),
         ``captions`` (B, T+1) with trailing ``<pad>``.
@@ -201,61 +278,91 @@ class LSTMDecoder(nn.Module):
         if repeats > 1:
             features, captions = features.repeat_interleave(repeats, 0), captions.repeat_interleave(repeats, 0)
         batch, num_steps = captions.shape[0], captions.shape[1] - 1
-        lengths = (captions[:, 1:] != Vocabulary.pad_index).sum(dim=1)       # (B,) real steps
+        real = captions[:, 1:] != Vocabulary.pad_index                      # (B, T) the words to predict
+        lengths = real.sum(dim=1)                                             # (B,) real steps
         order = lengths.argsort(descending=True, stable=True)
+        inverse = order.argsort()
         steps = torch.arange(num_steps, device=captions.device)
-        running = (lengths.index_select(0, order)[None, :] > steps[:, None]).sum(dim=1).tolist()   # rows at step t
+        runs = lengths.index_select(0, order)[None, :] > steps[:, None]      # (T, B): step t advances sorted row i
+        running = [n for n in runs.sum(dim=1).tolist() if n > 0]              # rows at step t
+        words = sum(running)
+        # the words packed step by step (step t's running rows, then step t+1's): packed row of each position
+        position = torch.full((num_steps, batch), words, dtype=torch.long, device=captions.device)
+        position[runs] = torch.arange(words, device=captions.device)
+        to_packed = position.t().index_select(0, inverse)                    # (B, T), callers' order; W at padding
         regions = self.prepare_regions(features.index_select(0, order))
         keys = self.attention.project_regions(regions)
-        embedded = self.embedding(captions[:, :-1])           # (B, T, E), callers' order
-        input_gates = self.input_gates(embedded).index_select(0, order)     # (B, T, 4H), longest first
+        embedded = self.embedding(captions[:, :-1].index_select(0, order).t()[runs])       # (W, E), packed
         h, c = self.initial_hidden(regions)
         expectation_rows = running_expectation = None
         if sampling:
             expectation_rows = torch.rand(batch, device=captions.device) < self.config.expectation_probability
             running_expectation = expectation_rows.index_select(0, order)
-        hs, zs, alphas, infos = self.recurrence(regions, keys, h, c, input_gates, running, running_expectation)
-        inverse = order.argsort()
-
-        def in_callers_order(per_step: list[torch.Tensor]) -> torch.Tensor:
-            """Step outputs ``(n_t, ...)`` -> ``(B, T, ...)`` in the callers' row order, zero where not running."""
-            padded = [F.pad(v, [0, 0] * (v.dim() - 1) + [0, batch - v.shape[0]]) for v in per_step]
-            stacked = torch.stack(padded, 1)
-            if stacked.shape[1] < num_steps:
-                stacked = F.pad(stacked, [0, 0] * (stacked.dim() - 2) + [0, num_steps - stacked.shape[1]])
-            return stacked.index_select(0, inverse)
-
-        real = captions[:, 1:] != Vocabulary.pad_index                 # the output layer at real positions only
-        out = TeacherForced(logits=self.output_logits(embedded[real], in_callers_order(hs)[real], in_callers_order(zs)[real]),
-                            alpha=in_callers_order(alphas), repeats=repeats)
+        record = _StepRecord() if torch.is_grad_enabled() else None
+        query, gate = self.attention.query_projection, self.gate
+        carrier = _RecurrentTerms.apply(self.input_gates(embedded), None if gate is None else gate.bias,
+                                        self.recurrent_gates.weight, None if query is None else query.weight,
+                                        None if gate is None else gate.weight, record)
+        hidden_weight, context_weight = self.step_weights(carrier)
+        hs, zs, alphas, infos = self.recurrence(regions, keys, h, c, carrier.split(running), hidden_weight,
+                                                context_weight, running, running_expectation, record)
+        deep = self.deep_output(embedded, torch.cat(hs), torch.cat(zs))              # (W, E), packed
+        out = TeacherForced(logits=self.out_words(self.dropout(deep.index_select(0, to_packed[real]))),
+                            alpha=_unpack(torch.cat(alphas), to_packed), repeats=repeats)
         if sampling:
-            out.log_prob_location = in_callers_order([i["log_prob_location"] for i in infos])
-            out.entropy = in_callers_order([i["entropy"] for i in infos])
+            out.log_prob_location = _unpack(torch.cat([i["log_prob_location"] for i in infos]), to_packed)
+            out.entropy = _unpack(torch.cat([i["entropy"] for i in infos]), to_packed)
             out.expectation_rows = expectation_rows
         return out
 
-    def recurrence(self, regions, keys, h, c, input_gates, running: list[int], expectation_rows):
+    def step_weights(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The weights a teacher-forced step multiplies by, detached (their gradients come from
+        :class:`_RecurrentTerms`), transposed, cast once to the autocast type if one is on: ``[W_h; W_q;
+        W_beta]^T`` (H, 4H [+ A] [+ G]), the maps of ``h_{t-1}`` in one matrix, and ``W_z^T`` (D', 4H)."""
+        weight = self.recurrent_gates.weight.detach()
+        d = self.context_dim
+        hidden = torch.cat([weight[:, d:]] + [m.weight.detach() for m in self.hidden_maps()]).t()
+        context = weight[:, :d].contiguous().t()          # a contiguous copy: small products ~15 % faster than strided
+        device = like.device.type
+        if torch.is_autocast_enabled(device):
+            dtype = torch.get_autocast_dtype(device)
+            hidden, context = hidden.to(dtype), context.to(dtype)
+        return hidden, context
+
+    def recurrence(self, regions, keys, h, c, carriers, hidden_weight, context_weight, running: list[int],
+                   expectation_rows, record: _StepRecord | None = None):
         """The teacher-forced LSTM steps over rows sorted longest first: step t advances the first
-        ``running[t]`` rows. Returns per step ``h_t``, ``z_t``, ``alpha_t`` and the location terms."""
+        ``running[t]`` rows from its slice of the packed pre-activations ``carriers[t]``. Returns per step
+        ``h_t``, ``z_t``, ``alpha_t`` and the location terms; leaves ``h_{t-1}`` and ``z_t`` in ``record``."""
         hs, zs, alphas, infos = [], [], [], []
-        running = [n for n in running if n > 0]
-        # unbind, not input_gates[:, t], and prefixes, not keys[:n]: the backward of T slices would zero-fill
-        # and add T full-size gradients; these add each step's gradient into one buffer
+        # prefixes, not keys[:n]: the backward of T slices would zero-fill and add T full-size gradients;
+        # this adds each step's gradient into one buffer
         step_regions, step_keys = prefixes(regions, running), prefixes(keys, running)
-        for t, (n, step_gates) in enumerate(zip(running, input_gates.unbind(1))):
-            h, c, z, alpha, info = self.recurrent_step(step_regions[t], step_keys[t], h[:n], c[:n], step_gates[:n],
+        for t, n in enumerate(running):
+            h_prev = h[:n]
+            h, c, z, alpha, info = self.recurrent_step(step_regions[t], step_keys[t], h_prev, c[:n], carriers[t],
+                                                       hidden_weight, context_weight,
                                                        None if expectation_rows is None else expectation_rows[:n])
+            if record is not None:
+                record.hidden.append(h_prev.detach())
+                record.context.append(z.detach())
             hs.append(h)
             zs.append(z)
             alphas.append(alpha)
             infos.append(info)
         return hs, zs, alphas, infos
 
-    def recurrent_step(self, regions, keys, h, c, step_gates, expectation_rows=None):
-        """One teacher-forced word: attention, gated context and the LSTM cell for the running rows; the unit
-        that ``train.compile`` compiles (:func:`captioner.training.engine.compile_decoder`)."""
-        z, alpha, info = self.context(regions, keys, h, expectation_rows)
-        h, c = self.lstm_cell(step_gates, z, h, c)
+    def recurrent_step(self, regions, keys, h, c, carrier, hidden_weight, context_weight, expectation_rows=None):
+        """One teacher-forced word for the running rows: the maps of ``h_{t-1}`` in one product onto the step's
+        pre-activations ``carrier``, attention, gated context, the gates' context part and the LSTM cell; the
+        unit that ``train.compile`` compiles (:func:`captioner.training.engine.compile_decoder`)."""
+        terms = torch.addmm(carrier, h, hidden_weight)                 # (n, 4H [+ A] [+ G])
+        sizes = [4 * self.config.hidden_dim] + [m.weight.shape[0] for m in self.hidden_maps()]
+        gates, *rest = terms.split(sizes, dim=1)
+        query = rest.pop(0) if self.attention.query_projection is not None else None
+        gate_logit = rest.pop(0) if self.gate is not None else None
+        z, alpha, info = self.context(regions, keys, h, expectation_rows, query, gate_logit)
+        h, c = self.lstm_pointwise(torch.addmm(gates, z, context_weight), c)
         return h, c, z, alpha, info
 
     compile_targets = ("recurrent_step",)   # what train.compile compiles: the work repeated at every word
@@ -276,7 +383,10 @@ class LSTMDecoder(nn.Module):
         attention ``{"alpha": (N, L)}`` plus ``"chosen"`` (N, L) one-hot for hard attention."""
         embedded = self.embedding(tokens)
         z, alpha, location_info = self.context(state["regions"], state.get("keys"), state["h"])
-        h, c = self.lstm_cell(self.input_gates(embedded), z, state["h"], state["c"])
+        # one product over [z; h] here (a teacher-forced step splits it in two, to fuse the h part with the
+        # query's and the gate's): for the few rows of a search, two products over column halves cost more
+        gates = self.input_gates(embedded) + self.recurrent_gates(torch.cat([z, state["h"]], dim=1))
+        h, c = self.lstm_pointwise(gates, state["c"])
         log_probs = torch.log_softmax(self.output_logits(embedded, h, z).float(), dim=-1)
         attention = {"alpha": alpha}
         if "chosen" in location_info:

@@ -15,6 +15,34 @@ import torch.nn.functional as F
 from torch import nn
 
 from captioner.models.decoder import TeacherForced
+from captioner.utils import backward_keeps_graph
+
+
+class _WordNegativeLogLikelihood(torch.autograd.Function):
+    """From logits (W, V) and targets (W,): ``-sum_w log p_w(target_w)`` and, when ``uniform`` is set,
+    ``-sum_w mean_v log p_w(v)`` (label smoothing's term; else 0), with ``p = softmax`` in float32. One node whose
+    backward is ``p (g_nll + g_uniform) - g_nll onehot - g_uniform / V``, the exponential of the saved
+    log-probabilities (in place, unless the graph is kept): torch's own path zero-fills a (W, V) gradient for the
+    gather and computes the exponential again inside the log-softmax backward."""
+
+    @staticmethod
+    def forward(ctx, logits, targets, uniform: bool):
+        log_probs = F.log_softmax(logits.float(), dim=-1)                      # (W, V)
+        nll = -log_probs.gather(1, targets.unsqueeze(1)).sum()
+        spread = -log_probs.mean(dim=-1).sum() if uniform else log_probs.new_zeros(())
+        ctx.save_for_backward(log_probs, targets)
+        ctx.dtype, ctx.uniform = logits.dtype, uniform
+        return nll, spread
+
+    @staticmethod
+    def backward(ctx, grad_nll, grad_uniform):
+        log_probs, targets = ctx.saved_tensors
+        grad = log_probs.exp() if backward_keeps_graph() else log_probs.exp_()
+        grad.mul_(grad_nll + grad_uniform)
+        grad.scatter_add_(1, targets.unsqueeze(1), (-grad_nll).to(grad.dtype).expand(targets.shape[0], 1))
+        if ctx.uniform:
+            grad.sub_(grad_uniform / grad.shape[1])
+        return grad.to(ctx.dtype), None, None
 
 
 def doubly_stochastic_term(alpha: torch.Tensor, mask: torch.Tensor, weight: float, scale: str = "caption") -> torch.Tensor:
@@ -52,12 +80,11 @@ def caption_loss(logits: torch.Tensor, targets: torch.Tensor, alpha: torch.Tenso
     mask = targets != pad_index
     words = mask.sum()
     logits = logits[mask] if logits.dim() == 3 else logits
-    log_probs = F.log_softmax(logits.float(), dim=-1)                          # (W, V)
-    cross_entropy = -log_probs.gather(1, targets[mask].unsqueeze(1)).sum() / words
+    negative_log_likelihood, uniform = _WordNegativeLogLikelihood.apply(logits, targets[mask], label_smoothing > 0)
+    cross_entropy = negative_log_likelihood / words
     word_loss = cross_entropy
     if label_smoothing > 0:
-        uniform = -log_probs.mean(dim=-1).sum() / words
-        word_loss = (1 - label_smoothing) * cross_entropy + label_smoothing * uniform
+        word_loss = (1 - label_smoothing) * cross_entropy + label_smoothing * uniform / words
     out = {"cross_entropy": cross_entropy, "words": words}
     if alpha is not None and doubly_stochastic > 0:
         out["attention"] = doubly_stochastic_term(alpha, mask, doubly_stochastic, doubly_stochastic_scale)
