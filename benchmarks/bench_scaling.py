@@ -41,7 +41,7 @@ def make_config(name: str) -> dict:
 
 def make_decoder(config: dict, regions: int, device: torch.device) -> torch.nn.Module:
     side = int(math.isqrt(regions))
-    return build_decoder(config["model"], VOCAB, 512, (side, regions // side)).to(device)
+    return build_decoder(config.model, VOCAB, 512, (side, regions // side)).to(device)
 
 
 def synchronise(device: torch.device) -> None:
@@ -82,7 +82,7 @@ def step_seconds(decoder, config: dict, features: torch.Tensor, captions: list[t
     """Median seconds of one full training step over ``captions`` batches (after one warm-up), and words per step."""
     optimizer = torch.optim.Adam(decoder.parameters(), lr=1e-4)
     decoder.train()
-    loss_fn = build_loss(decoder, config["loss"]).to(device)
+    loss_fn = build_loss(decoder, config.loss).to(device)
     times, words = [], 0
     for i, batch in enumerate(captions):
         batch = batch.to(device)

@@ -62,7 +62,7 @@ def random_demo_checkpoint(folder: Path, shapes: Path) -> Path:
                                                                f"run.out={folder / 'random-demo-soft'}"])
     model = build_model(config, len(vocab), pretrained=False)
     path = folder / "random-demo-soft.pt"
-    save_checkpoint({"model": model.state_dict(), "vocab": vocab.to_dict(), "config": config}, path)
+    save_checkpoint({"model": model.state_dict(), "vocab": vocab.to_dict(), "config": config.to_dict()}, path)
     return path
 
 

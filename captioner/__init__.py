@@ -1,2 +1,14 @@
-"""captioner: Show, Attend and Tell image captioning with soft, hard and Transformer attention."""
+"""captioner: Show, Attend and Tell image captioning with soft, hard and Transformer attention.
+
+The Python API is :class:`captioner.Predictor` (``from captioner import Predictor``), imported on first use so
+that ``import captioner`` stays light."""
 __version__ = "0.1.0"
+__all__ = ["Predictor", "__version__"]
+
+
+def __getattr__(name: str):
+    if name == "Predictor":
+        from captioner.predictor import Predictor
+
+        return Predictor
+    raise AttributeError(f"module 'captioner' has no attribute {name!r}")

@@ -20,11 +20,10 @@ from pathlib import Path
 
 import torch
 
-from captioner.config import apply_overrides, complete
+from captioner.config import Config, apply_overrides, complete
 from captioner.data.vocabulary import Vocabulary
-from captioner.decoding.ensemble import ensemble_of
 from captioner.errors import CaptionerError
-from captioner.models.captioner import Captioner, build_model, compile_decoder
+from captioner.models.captioner import Captioner, build_model
 from captioner.utils import atomic_write
 
 LEGACY_LOSS_STATE = {"decoder.reward_baseline": "baseline", "decoder.baseline_updates": "baseline_updates"}
@@ -96,7 +95,7 @@ def model_and_loss_states(payload: dict) -> tuple[dict, dict]:
 
 
 def load_model(path: str | Path, device: str | torch.device = "cpu", overrides: Sequence[str] = ()
-               ) -> tuple[Captioner, Vocabulary, dict, dict]:
+               ) -> tuple[Captioner, Vocabulary, Config, dict]:
     """``(model, vocab, config, payload)`` from a checkpoint, the model in eval mode on ``device``, for decoding
     (its encoder prepared for inference: :meth:`~captioner.models.encoder.Encoder.prepare_for_inference`).
 
@@ -124,20 +123,3 @@ def load_model(path: str | Path, device: str | torch.device = "cpu", overrides: 
         raise CaptionerError(f"{path}: weights do not fit the architecture its config describes ({detail})") from None
     model.encoder.prepare_for_inference()
     return model.to(device).eval(), vocab, config, payload
-
-
-def load_models(paths: str | Path | Sequence[str | Path], device: str | torch.device = "cpu", overrides: Sequence[str] = ()
-                ) -> tuple[Captioner, Vocabulary, dict]:
-    """``(model, vocab, config)`` of one checkpoint, or of several decoded together: then ``model`` holds the
-    first checkpoint's encoder and an :class:`~captioner.decoding.ensemble.EnsembleDecoder` of every decoder, and
-    ``config`` is the first checkpoint's (the data and decoding settings the ensemble uses)."""
-    paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
-    loaded = [load_model(path, device, overrides) for path in paths]
-    decoder, vocab = ensemble_of([m for m, *_ in loaded], [v for _, v, *_ in loaded], [c for _, _, c, _ in loaded],
-                                 [str(p) for p in paths])
-    first, _, config, _ = loaded[0]
-    model = first if len(loaded) == 1 else Captioner(first.encoder, decoder).eval()
-    if config["decode"].get("compile"):
-        compile_decoder(model.decoder, mode="reduce-overhead" if model.device.type == "cuda" else None,
-                        targets=("step",))
-    return model, vocab, config

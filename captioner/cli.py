@@ -37,7 +37,7 @@ def _cmd_data_vocab(args) -> int:
     from captioner.data.vocabulary import vocabulary_report
 
     config = load_config(args.config, args.overrides)
-    print(json.dumps(vocabulary_report(config["data"], args.out), indent=2))
+    print(json.dumps(vocabulary_report(config.data, args.out), indent=2))
     return 0
 
 
@@ -58,13 +58,13 @@ def _cmd_config(args) -> int:
     if args.reference:
         print(config_reference(), end="")
         return 0
-    print(yaml.safe_dump(load_config(args.config, args.overrides), sort_keys=False), end="")
+    print(yaml.safe_dump(load_config(args.config, args.overrides).to_dict(), sort_keys=False), end="")
     return 0
 
 
 def _cmd_cache_features(args) -> int:
     from captioner.config import load_config
-    from captioner.data.feature_cache import cache_features
+    from captioner.feature_extraction import cache_features
 
     result = cache_features(load_config(args.config, args.overrides), args.splits, args.out,
                             batch_size=args.batch_size, dtype=args.dtype)
@@ -122,46 +122,40 @@ def _unreadable_exit(unreadable: list[str], readable: int | None = None) -> int:
     return 1
 
 
-def _load(args):
-    """``(model, vocab, decode settings, pixel limit)`` of ``--checkpoint`` (several: an ensemble) with the
-    overrides."""
-    from captioner.checkpoint import load_models
-    from captioner.decoding.search import DecodeConfig
+def _predictor(args):
+    """The :class:`~captioner.predictor.Predictor` of ``--checkpoint`` (several: an ensemble) with the overrides,
+    ``--beam``, ``--n-best`` and ``--max-pixels``."""
+    from captioner.predictor import Predictor
     from captioner.utils import resolve_device
 
-    model, vocab, config = load_models(args.checkpoint, resolve_device(args.device), args.overrides)
-    settings = DecodeConfig.of(config, beam=args.beam, n_best=getattr(args, "n_best", None))
-    return model, vocab, settings, args.max_pixels or config["data"]["max_pixels"]
+    return Predictor.load(args.checkpoint, device=resolve_device(args.device), overrides=args.overrides,
+                          beam=args.beam, n_best=getattr(args, "n_best", None), max_pixels=args.max_pixels)
 
 
 def _cmd_caption(args) -> int:
-    from captioner.inference import caption_files, caption_json
+    from captioner.predictor import caption_json
 
-    model, vocab, settings, max_pixels = _load(args)
-    results = caption_files(model, vocab, args.images, settings, max_pixels=max_pixels)
+    results = _predictor(args).caption(args.images)
     for result in results:
         if result.error:
             print(f"captioner: error: {result.error}", file=sys.stderr)
         elif args.json:
-            print(json.dumps(caption_json(result, vocab, model.encoder.grid)))
+            print(json.dumps(caption_json(result)))
         else:
             print(f"{result.path}: {result.caption}")
-            for beam in result.generation.beams[1:]:
-                print(f"    {beam.log_prob:9.3f}  {vocab.decode(beam.tokens)}")
+            for beam in result.beams[1:]:
+                print(f"    {beam.log_prob:9.3f}  {beam.caption}")
     return 1 if any(r.error for r in results) else 0
 
 
 def _cmd_attend(args) -> int:
-    from captioner.inference import attend_file
-
-    model, vocab, settings, max_pixels = _load(args)
-    result = attend_file(model, vocab, args.image, args.out, settings, max_pixels=max_pixels, instances=args.instances)
+    result = _predictor(args).attend(args.image, args.out, instances=args.instances)
     print(f"{args.image}: {result.caption}\nwrote {args.out}")
     return 0
 
 
 def _cmd_compare(args) -> int:
-    from captioner.visualisation.report import write_report
+    from captioner.report import write_report
 
     result = write_report(args.runs, args.out, split=args.split, beam_size=args.beam, images=args.images)
     print(f"wrote {result['markdown']} and {result['html']}")

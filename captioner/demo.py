@@ -33,18 +33,17 @@ from pathlib import Path
 
 import torch
 
-from captioner.checkpoint import load_model
-from captioner.config import load_config
-from captioner.data.feature_cache import cache_features
+from captioner.config import Config, load_config
 from captioner.data.readers import read_split
 from captioner.data.shapes import FORMAT_VERSION, generate_shapes, shapes_info
-from captioner.decoding.search import DecodeConfig
 from captioner.errors import CaptionerError
 from captioner.evaluation.evaluate import evaluate_checkpoint
-from captioner.inference import attend_file
+from captioner.feature_extraction import cache_features
+from captioner.models.captioner import DECODERS
+from captioner.predictor import Predictor
 from captioner.training.engine import train
 from captioner.utils import LOG_FORMAT, keep_freed_memory, usable_cores, write_file
-from captioner.visualisation.report import write_report
+from captioner.report import write_report
 
 DEMO_RUNS = ("soft", "none", "hard", "transformer", "soft_scst")
 STARTS_FROM = {"soft_scst": "soft"}   # runs that fine-tune another run's best checkpoint
@@ -112,24 +111,23 @@ def reset_stale_features(features: Path, data_info: dict) -> None:
     write_file(stamp, json.dumps(data_info, sort_keys=True))
 
 
-def cache_demo_features(config: dict) -> float:
+def cache_demo_features(config: Config) -> float:
     """Cache the frozen encoder's features for every split; returns the seconds spent."""
     started = time.perf_counter()
     result = cache_features(config, ("train", "val", "test"), batch_size=64)
     if result["failed"]:
-        raise CaptionerError(f"{config['data']['features']}: {len(result['failed'])} demo image(s) unreadable")
+        raise CaptionerError(f"{config.data.features}: {len(result['failed'])} demo image(s) unreadable")
     return time.perf_counter() - started
 
 
 def demo_figures(checkpoint: Path, out_dir: Path, count: int) -> list[str]:
     """Caption the first ``count`` test images of the checkpoint's data and draw their attention figures (as
     ``captioner attend``)."""
-    model, vocab, config, _ = load_model(checkpoint)
+    predictor = Predictor.load(checkpoint)
     paths = []
-    for record in read_split(config["data"], "test")[:count]:
+    for record in read_split(predictor.config.data, "test")[:count]:
         path = out_dir / f"attention_{record.image_id}.png"
-        result = attend_file(model, vocab, record.path, path, DecodeConfig.of(config),
-                             max_pixels=config["data"]["max_pixels"])
+        result = predictor.attend(record.path, path)
         print(f"  {record.path.name}: {result.caption}")
         paths.append(str(path))
     return paths
@@ -146,13 +144,13 @@ def figures_of(name: str, checkpoint: Path, out: Path, started: float) -> list[s
     return figures
 
 
-def default_processes(configs: dict[str, dict]) -> int:
+def default_processes(configs: dict[str, Config]) -> int:
     """How many processes each run trains on by default: one with a GPU; on a CPU one per usable core, at most
     :data:`MAX_PROCESSES`, and a number that divides every run's batch evenly."""
     if torch.cuda.is_available():
         return 1
     most = min(usable_cores(), MAX_PROCESSES)
-    return max(n for n in range(1, most + 1) if all(c["train"]["batch_size"] % n == 0 for c in configs.values()))
+    return max(n for n in range(1, most + 1) if all(c.train.batch_size % n == 0 for c in configs.values()))
 
 
 def threads_per_process(processes: int) -> int:
@@ -228,16 +226,15 @@ def earlier_runs(out: Path, keep: set[str]) -> dict:
     return {name: row for name, row in rows.items() if name in keep and Path(row["checkpoint"]).exists()}
 
 
-def train_run(name: str, config: dict, progress: bool = True, resume: bool = False, quiet: bool = False) -> dict:
+def train_run(name: str, config: Config, progress: bool = True, resume: bool = False, quiet: bool = False) -> dict:
     """Train one demo run (with ``resume``, on from its ``last.pt`` if it has one); :func:`train`'s result. Raises
     KeyboardInterrupt when a signal stopped the training (its resumable ``last.pt`` saved). ``quiet``: no banner
     (the other ranks of a run trained on several processes)."""
-    model, objective = config["model"], config["train"]["objective"]
-    kind = ("Transformer decoder" if model["decoder"] == "transformer"
-            else f"LSTM, {model['lstm']['attention']} {model['lstm']['attention_mode']} attention")
+    entry, objective = DECODERS[config.model.decoder], config.train.objective
+    kind = f"{entry.label}, attention: {entry.attention_kind(config.model.chosen)}"
     if objective == "scst":
-        kind = f"self-critical fine-tuning of {Path(config['train']['init_from']).parent.name}"
-    continuing = resume and (Path(config["run"]["out"]) / "last.pt").exists()
+        kind = f"self-critical fine-tuning of {Path(config.train.init_from).parent.name}"
+    continuing = resume and (Path(config.run.out) / "last.pt").exists()
     if not quiet:
         print(f"\n== training '{name}' ({kind}){', on from its last.pt' if continuing else ''} ==", flush=True)
     result = train(config, resume=continuing, overwrite=not continuing, progress=progress)
@@ -262,7 +259,7 @@ def finished(name: str, row: dict, started: float) -> dict:
     return {**row, "done_after_seconds": round(elapsed, 1)}
 
 
-def train_on_workers(name: str, config: dict, out: Path, processes: int, resume: bool = False) -> dict:
+def train_on_workers(name: str, config: Config, out: Path, processes: int, resume: bool = False) -> dict:
     """Train run ``name`` on ``processes`` worker processes, data parallel over gloo on this machine (the ranks
     torchrun would start: each a share of the global batch, every step's gradients summed), each with
     :func:`threads_per_process` torch threads; rank 0 then scores it with every usable core. Returns its row.
@@ -327,7 +324,7 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def train_in_worker(name: str, config: dict, out: Path, resume: bool, rank: int, size: int, port: int, threads: int,
+def train_in_worker(name: str, config: Config, out: Path, resume: bool, rank: int, size: int, port: int, threads: int,
                     sender) -> None:
     """A worker process of :func:`train_on_workers`: rank ``rank`` of ``size`` (torchrun's environment variables
     set for it), with ``threads`` torch threads, no progress bars and each printed line prefixed by ``[name]``.

@@ -132,8 +132,8 @@ def run_variant(name: str, seed: int, epochs: int, reuse: bool = False) -> dict:
     config = load_config(CONFIG, [*BEFORE, *overrides, f"run.seed={seed}", f"train.epochs={epochs}", f"run.out={out}",
                                   "train.early_stopping=0", "train.wandb=disabled"])
     encoder_overrides = [o for o in overrides if o.startswith("encoder.")]
-    ensure_cache(["train", "val"], Path(config["data"]["features"]), encoder_overrides)
-    coco_features = str(Path(config["data"]["features"]).with_name(Path(config["data"]["features"]).name + "_coco_mini"))
+    ensure_cache(["train", "val"], Path(config.data.features), encoder_overrides)
+    coco_features = str(Path(config.data.features).with_name(Path(config.data.features).name + "_coco_mini"))
     started = time.perf_counter()
     if reuse and (out / "best.pt").exists():   # trained before: score it again
         result = {"checkpoint": str(out / "best.pt"), "best": None}

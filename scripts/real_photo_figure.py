@@ -15,9 +15,7 @@ from pathlib import Path
 from PIL import Image
 from skimage import data
 
-from captioner.checkpoint import load_model
-from captioner.decoding.search import DecodeConfig
-from captioner.inference import attend_file
+from captioner import Predictor
 
 PHOTOS = {   # skimage.data name -> its licence, as skimage.data documents it
     "astronaut": "public domain (NASA)",
@@ -36,11 +34,11 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=800, help="the figure is shrunk to this many pixels wide and "
                         "saved with 128 colours, small enough for a README")
     args = parser.parse_args()
-    model, vocab, config, _ = load_model(args.checkpoint)
+    predictor = Predictor.load(args.checkpoint, beam=args.beam)
     with tempfile.TemporaryDirectory() as folder:
         photo = Path(folder) / f"{args.photo}.png"
         Image.fromarray(getattr(data, args.photo)()).save(photo)
-        result = attend_file(model, vocab, photo, args.out, DecodeConfig.of(config, beam=args.beam))
+        result = predictor.attend(photo, args.out)
     figure = Image.open(args.out).convert("RGB")
     if figure.width > args.width:
         figure = figure.resize((args.width, round(figure.height * args.width / figure.width)), Image.LANCZOS)

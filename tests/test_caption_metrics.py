@@ -116,7 +116,7 @@ def test_bad_inputs_and_missing_java(monkeypatch):
         score_captions(REFERENCES, {9: "a dog"})
     monkeypatch.setattr(caption_metrics.shutil, "which", lambda name: None)
     with pytest.raises(CaptionerError, match="java: not found"):
-        score_captions(REFERENCES, RIGHT)
+        ptb_tokenize(["a dog"])
 
 
 def test_coco_results_file_round_trips(tmp_path):

@@ -16,7 +16,7 @@ from captioner.evaluation import evaluate
 from captioner.evaluation.caption_metrics import score_captions
 from captioner.evaluation.evaluate import evaluate_checkpoint
 from captioner.training.engine import train
-from captioner.visualisation.report import run_names, write_report
+from captioner.report import run_names, write_report
 from tests.conftest import tiny_config
 from tests.test_reliability import one_line_errors
 

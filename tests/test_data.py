@@ -8,18 +8,19 @@ import pytest
 import torch
 import yaml
 
-from captioner.config import defaults, load_config, parse_override
+from captioner.config import DataConfig, defaults, load_config, parse_override
 from captioner.data.dataset import CaptionDataset, EpochSampler, collate
 from captioner.data.readers import read_coco_captions, read_karpathy, read_split
 from captioner.data.text import tokenize
-from captioner.data.vocabulary import SPECIALS, Vocabulary
+from captioner.data.vocabulary import Vocabulary
 from captioner.errors import CaptionerError
+from captioner.tokens import SPECIALS
 
 
-def test_tokenize_lowercases_and_drops_punctuation():
-    assert tokenize("A dog's ball, on the well-kept lawn!") == ["a", "dog's", "ball", "on", "the", "well-kept", "lawn"]
-    assert tokenize("...!?") == []
-    assert tokenize("Café — naïve_dog") == ["café", "naïve", "dog"]
+def test_tokenize_lowercases_and_drops_punctuation_as_the_coco_evaluation_does():
+    assert tokenize("A dog's ball, on the well-kept lawn!") == ["a", "dog", "'s", "ball", "on", "the", "well-kept", "lawn"]
+    assert tokenize("...!?") == ["!?"]                  # PTB keeps "!?" whole, and the COCO list drops "!" and "?" only
+    assert tokenize("Café — naïve_dog") == ["café", "naïve_dog"]
 
 
 def test_vocabulary_min_count_specials_and_round_trip():
@@ -44,8 +45,8 @@ def test_config_overrides_and_unknown_keys(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("model:\n  lstm:\n    attention_dim: 64\n")
     config = load_config(path, ["model.lstm.hidden_dim=32", "encoder.grid=[7, 7]", "run.device=cpu"])
-    assert config["model"]["lstm"]["attention_dim"] == 64 and config["model"]["lstm"]["hidden_dim"] == 32
-    assert config["encoder"]["grid"] == [7, 7]
+    assert config.model.lstm.attention_dim == 64 and config.model.lstm.hidden_dim == 32
+    assert config.encoder.grid == [7, 7]
     assert defaults()["model"]["lstm"]["attention_dim"] == 512  # defaults untouched
     with pytest.raises(CaptionerError, match="unknown setting 'model.lstm.atention_dim'; did you mean "
                                              "'model.lstm.attention_dim'"):
@@ -69,7 +70,8 @@ def test_config_overrides_and_unknown_keys(tmp_path):
     ("train.amp=1", "train.amp must be true, false or auto, got 1"),
     ("train.amp=fast", "train.amp must be true, false or auto, got 'fast'"),
     ("train.lr=abc", "train.lr must be a number, got 'abc'"),
-    ("train.wandb=[1]", r"train.wandb must be text, got \[1\]"),
+    ("train.wandb=[1]", r"train.wandb must be offline, online or disabled, got \[1\]"),
+    ("train.wandb_project=[1]", r"train.wandb_project must be text, got \[1\]"),
     ("train.batch_size=0", "train.batch_size must be at least 1, got 0"),
     ("decode.beam_groups=0", "decode.beam_groups must be at least 1, got 0"),
     ("train.lr=-1e-4", "train.lr must be at least 0, got -0.0001"),
@@ -85,10 +87,10 @@ def test_a_setting_of_the_wrong_kind_or_below_its_least_value_is_named(tmp_path,
 
 
 def test_settings_of_their_own_kind_pass_and_none_is_free_where_it_is_the_default():
-    config = load_config(None, ["train.lr=1", "encoder.image_size=[64, 96]", "data.vocab_max_size=100",
+    config = load_config(None, ["train.lr=1", "encoder.image_size=[128, 160]", "data.vocab_max_size=100",
                                 "data.vocab_max_size=null", "decode.min_length=0", "encoder.grid=7"])
-    assert config["train"]["lr"] == 1 and config["encoder"]["image_size"] == [64, 96]
-    assert config["data"]["vocab_max_size"] is None and config["encoder"]["grid"] == 7
+    assert config.train.lr == 1 and config.encoder.image_size == [128, 160]
+    assert config.data.vocab_max_size is None and config.encoder.grid == 7
 
 
 def test_a_config_file_that_is_not_text_is_one_line(tmp_path):
@@ -106,18 +108,19 @@ def test_decoding_refuses_a_least_length_above_the_most():
 
 
 def test_each_default_is_written_once_in_the_class_that_reads_it():
-    from captioner.decoding.search import DecodeConfig
-    from captioner.models.encoder import EncoderConfig
-    from captioner.models.lstm_decoder import LSTMDecoderConfig
-    from captioner.models.transformer_decoder import TransformerDecoderConfig
+    from captioner.config import SECTIONS
+    from captioner.models.captioner import DECODERS
+    from captioner.settings import default_of, settings_of
 
-    config, data_fields = defaults(), ("vocab_size", "region_dim", "grid")
-    for section, cls, derived in ((config["model"]["lstm"], LSTMDecoderConfig, data_fields),
-                                  (config["model"]["transformer"], TransformerDecoderConfig, data_fields),
-                                  (config["encoder"], EncoderConfig, ()), (config["decode"], DecodeConfig, ())):
-        assert section == {f.name: f.default for f in dataclasses.fields(cls) if f.name not in derived}
-    transformer = load_config(None, ["model.decoder=transformer"])["model"]["transformer"]
-    assert transformer["dropout"] == 0.1 and transformer["region_position"] == "learned"
+    config = defaults()
+    classes = {**{name: (kind, config[name]) for name, kind in SECTIONS.items()},
+               **{f"model.{name}": (entry.config, config["model"][name]) for name, entry in DECODERS.items()}}
+    assert set(classes) == {"run", "data", "encoder", "loss", "train", "decode", "model.lstm", "model.transformer"}
+    for name, (kind, section) in classes.items():
+        assert section == {key: default_of(field) for key, field in settings_of(kind).items()}, name
+        assert all(field.metadata["meaning"] for field in settings_of(kind).values()), name
+    transformer = load_config(None, ["model.decoder=transformer"]).model.transformer
+    assert transformer.dropout == 0.1 and transformer.region_position == "learned"
 
 
 def test_flat_configs_of_earlier_versions_are_translated_once(tmp_path):
@@ -125,10 +128,10 @@ def test_flat_configs_of_earlier_versions_are_translated_once(tmp_path):
     path.write_text("model:\n  decoder: transformer\n  d_model: 64\n  dropout: 0.2\n  attention_dim: 32\n"
                     "  doubly_stochastic: 0.0\ntrain:\n  label_smoothing: 0.1\n  lr: 0.01\n")
     config = load_config(path)
-    assert config["model"]["transformer"]["d_model"] == 64 and config["model"]["transformer"]["dropout"] == 0.2
-    assert config["model"]["lstm"]["attention_dim"] == 32 and config["model"]["lstm"]["dropout"] == 0.5
-    assert config["loss"]["doubly_stochastic"] == 0.0 and config["loss"]["label_smoothing"] == 0.1
-    assert "label_smoothing" not in config["train"] and config["train"]["lr"] == 0.01
+    assert config.model.transformer.d_model == 64 and config.model.transformer.dropout == 0.2
+    assert config.model.lstm.attention_dim == 32 and config.model.lstm.dropout == 0.5
+    assert config.loss.doubly_stochastic == 0.0 and config.loss.label_smoothing == 0.1
+    assert not hasattr(config.train, "label_smoothing") and config.train.lr == 0.01
 
 
 def write_coco(tmp_path, captions_by_image):
@@ -183,7 +186,7 @@ def test_karpathy_reader_restval_joins_train(tmp_path):
     assert train[0].path == tmp_path / "val2014" / "a.jpg"
     assert [r.image_id for r in read_karpathy(path, tmp_path, "test")] == [13]
     assert read_karpathy(path, tmp_path, "train", restval="val")[0].image_id == 12
-    config = {"format": "karpathy", "karpathy": str(path), "image_root": str(tmp_path), "restval": "train"}
+    config = DataConfig(format="karpathy", karpathy=str(path), image_root=str(tmp_path), restval="train")
     with pytest.raises(CaptionerError, match="no images in split 'val'"):
         read_split(config, "val")
 
@@ -236,6 +239,6 @@ def test_saved_configs_gain_settings_added_since(tmp_path):
 
     old = {"model": {"hidden_dim": 7}, "train": {"lr": 0.5}}
     merged = complete(old)
-    assert merged["model"]["lstm"]["hidden_dim"] == 7 and merged["train"]["lr"] == 0.5
-    assert merged["model"]["lstm"]["attention"] == defaults()["model"]["lstm"]["attention"]   # filled in
+    assert merged.model.lstm.hidden_dim == 7 and merged.train.lr == 0.5
+    assert merged.model.lstm.attention == defaults()["model"]["lstm"]["attention"]   # filled in
     assert old == {"model": {"hidden_dim": 7}, "train": {"lr": 0.5}}        # not modified

@@ -63,7 +63,7 @@ def test_demo_fast_writes_the_summary_figures_and_report(tmp_path, capfd):
     last = (out / "none" / "last.pt").stat().st_mtime_ns
     assert main(["demo", "--fast", "--out", str(out), "--data", str(data), "--runs", "none", "--resume",
                  "--processes", "2"]) == 0
-    assert "'none' (LSTM, none soft attention), on from its last.pt" in capfd.readouterr().out
+    assert "'none' (LSTM, attention: none), on from its last.pt" in capfd.readouterr().out
     assert (out / "none" / "last.pt").stat().st_mtime_ns == last
     resumed = json.loads((out / "summary.json").read_text())["runs"]["none"]
     assert all(resumed[k] == summary["runs"]["none"][k] for k in ("BLEU-4", "CIDEr", "METEOR", "epochs"))
@@ -131,8 +131,8 @@ def test_a_training_stopped_by_a_signal_stops_the_demo(tmp_path, capsys, monkeyp
     trained = []
 
     def stopped_training(config, **kwargs):     # what train returns after Ctrl-C: last.pt saved, stopped
-        trained.append(Path(config["run"]["out"]).name)
-        return {"stopped": True, "checkpoint": str(Path(config["run"]["out"]) / "last.pt")}
+        trained.append(Path(config.run.out).name)
+        return {"stopped": True, "checkpoint": str(Path(config.run.out) / "last.pt")}
 
     monkeypatch.setattr("captioner.demo.train", stopped_training)
     out = tmp_path / "demo"
@@ -157,4 +157,4 @@ def test_line_prefixer_prefixes_whole_lines_and_leaves_blank_ones_out():
 def test_runs_train_on_a_process_per_core_that_splits_every_batch(monkeypatch, cores, batches, processes):
     monkeypatch.setattr("captioner.demo.usable_cores", lambda: cores)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert default_processes({str(b): {"train": {"batch_size": b}} for b in batches}) == processes
+    assert default_processes({str(b): load_config(None, [f"train.batch_size={b}"]) for b in batches}) == processes

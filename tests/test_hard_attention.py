@@ -3,8 +3,9 @@
 import pytest
 import torch
 
-from captioner.config import defaults
+from captioner.config import LossConfig, load_config
 from captioner.decoding.search import TokenRules, beam_search, greedy
+from captioner.errors import CaptionerError
 from captioner.models.lstm_decoder import LSTMDecoder, LSTMDecoderConfig
 from captioner.training.losses import HardAttentionLoss
 
@@ -21,7 +22,7 @@ def make_hard(**kw) -> LSTMDecoder:
 
 
 def hard_loss(**kw) -> HardAttentionLoss:
-    return HardAttentionLoss({**defaults()["loss"], "doubly_stochastic": 0.0, "entropy_weight": 0.0, **kw})
+    return HardAttentionLoss(LossConfig(**{"doubly_stochastic": 0.0, "entropy_weight": 0.0, **kw}))
 
 
 CAPTIONS = torch.tensor([[START, 5, 6, END, 0], [START, 7, 8, 9, END], [START, 4, END, 0, 0]])
@@ -119,8 +120,8 @@ def test_per_word_reward_is_the_log_likelihood_divided_by_caption_length():
     lengths = (targets != 0).sum(1)
     assert sequence.item() == pytest.approx(token_log_probs.sum(1).mean().item(), rel=1e-5)
     assert per_word.item() == pytest.approx((token_log_probs.sum(1) / lengths).mean().item(), rel=1e-5)
-    with pytest.raises(ValueError, match="hard_reward"):
-        hard_loss(hard_reward="per_token")
+    with pytest.raises(CaptionerError, match="loss.hard_reward must be sequence or per_word, got 'per_token'"):
+        load_config(None, ["loss.hard_reward=per_token"])       # refused when the config is read
 
 
 def test_entropy_bonus_raises_entropy():

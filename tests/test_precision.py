@@ -23,7 +23,7 @@ def model_and_loss():
     config = load_config(None, ["encoder.pretrained=false", "encoder.image_size=32", "encoder.stride=16",
                                 "model.lstm.hidden_dim=16", "model.lstm.attention_dim=8", "model.lstm.embed_dim=8"])
     model = build_model(config, vocab_size=20, pretrained=False)
-    return model, build_loss(model.decoder, config["loss"])
+    return model, build_loss(model.decoder, config.loss)
 
 
 def fake_cpu(monkeypatch, tmp_path, text):

@@ -3,11 +3,13 @@ Karpathy file parsed once for every split a command reads, its errors still name
 file parsed once for grounding; the vocabulary report tokenising each caption once; the dataset's items and
 captions in flat arrays."""
 
+import dataclasses
 import json
 
 import numpy as np
 import pytest
 
+from captioner.config import DataConfig
 from captioner.data import readers
 from captioner.data.dataset import CaptionDataset
 from captioner.data.readers import read_karpathy, read_split, read_splits
@@ -19,8 +21,8 @@ from captioner.evaluation import grounding
 def karpathy(tmp_path, images):
     path = tmp_path / "dataset_coco.json"
     path.write_text(json.dumps({"images": images, "dataset": "coco"}))
-    return {"format": "karpathy", "karpathy": str(path), "image_root": str(tmp_path), "restval": "train",
-            "vocab_min_count": 1, "vocab_max_size": None, "max_caption_length": 20}
+    return DataConfig(format="karpathy", karpathy=str(path), image_root=str(tmp_path), restval="train",
+                      vocab_min_count=1, vocab_max_size=None, max_caption_length=20)
 
 
 def entry(image_id, split, *sentences):
@@ -53,13 +55,13 @@ def test_a_bad_sentence_is_named_when_its_split_is_read_and_only_then(tmp_path, 
     config = karpathy(tmp_path, [entry(1, "train", "a dog"), bad])
     assert [r.image_id for r in read_split(config, "train")] == [1]
     with pytest.raises(CaptionerError, match=message):
-        read_karpathy(config["karpathy"], tmp_path, "test")
+        read_karpathy(config.karpathy, tmp_path, "test")
 
 
 def test_the_vocabulary_report_counts_as_the_vocabulary_builds(tmp_path):
     config = karpathy(tmp_path, [entry(1, "train", "A red dog", "a dog, red!"), entry(2, "train", "the cat sat"),
                                  entry(3, "val", "unseen words")])
-    report = vocabulary_report({**config, "vocab_min_count": 2}, tmp_path / "vocab.json")
+    report = vocabulary_report(dataclasses.replace(config, vocab_min_count=2), tmp_path / "vocab.json")
     built = Vocabulary.build(["A red dog", "a dog, red!", "the cat sat"], min_count=2)
     assert json.loads((tmp_path / "vocab.json").read_text())["words"] == built.words
     assert (report["train_captions"], report["distinct_train_words"], report["caption_length_p50_p95_max"]) == (3, 6, [3, 3, 3])

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from captioner.cli import build_parser, parse_args
-from captioner.config import apply_overrides, config_reference, defaults
+from captioner.config import Config, apply_overrides, config_reference
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
@@ -95,7 +95,7 @@ def test_every_captioner_command_shown_parses(command):
         if stop.code != 0 or "--help" not in arguments:  # --help exits 0 after printing
             pytest.fail(f"README command does not parse: {command}")
         return
-    apply_overrides(defaults(), getattr(args, "overrides", []))  # every setting shown exists
+    apply_overrides(Config(), getattr(args, "overrides", []))  # every setting shown exists
     for token in arguments:
         if token.endswith(".yaml"):
             assert (ROOT / token).is_file(), f"{command}: no {token}"

@@ -26,12 +26,10 @@ from PIL import Image
 
 from captioner.checkpoint import load_checkpoint, load_model, model_and_loss_states, save_checkpoint
 from captioner.cli import main
-from captioner.config import load_config, save_config
-from captioner.decoding.search import DecodeConfig
+from captioner.config import complete, load_config, save_config
 from captioner.errors import CaptionerError
-from captioner.evaluation import evaluate
-from captioner.inference import caption_files
 from captioner.models.captioner import build_model
+from captioner.predictor import Predictor
 from captioner.training import engine
 from captioner.training.engine import train
 from captioner.utils import write_file
@@ -115,7 +113,7 @@ def test_evaluate_names_each_unreadable_image_scores_the_rest_and_exits_1(checkp
     assert main(["evaluate", str(checkpoint), "--split", "test", "--out", str(tmp_path / "eval"), images]) == 1
     (error,) = one_line_errors(capsys.readouterr().err)
     assert "no image of split 'test' could be read (6 unreadable" in error
-    monkeypatch.setattr(evaluate, "generate_captions", None)      # the file is checked before any decoding
+    monkeypatch.setattr(Predictor, "generate", None)              # the file is checked before any decoding
     assert main(["ground", str(checkpoint), "--split", "test", f"data.instances.test={tmp_path / 'nowhere.json'}"]) == 1
     (error,) = one_line_errors(capsys.readouterr().err)
     assert error == f"captioner: error: {tmp_path / 'nowhere.json'}: instances file not found (data.instances)"
@@ -364,7 +362,7 @@ def test_a_resumed_run_does_not_write_onto_a_torn_metrics_line(tmp_path):
     from captioner.training.run_io import MetricsLogger
 
     (tmp_path / "metrics.jsonl").write_text('{"type": "train", "step": 1}\n{"type": "tra')   # killed mid-write
-    MetricsLogger(tmp_path, {"train": {"wandb": "disabled"}}).log({"type": "train", "step": 2})
+    MetricsLogger(tmp_path, load_config(None, ["train.wandb=disabled"])).log({"type": "train", "step": 2})
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in lines] == [1, 2]
 
@@ -426,7 +424,7 @@ def test_overrides_after_options_reach_the_command(checkpoint, tmp_path, capsys)
     captions = json.loads((tmp_path / "captions_test.json").read_text())
     assert max(len(c["caption"].split()) for c in captions) <= 2
     config = tmp_path / "run.yaml"
-    save_config(load_checkpoint(checkpoint)["config"], config)
+    save_config(complete(load_checkpoint(checkpoint)["config"]), config)
     capsys.readouterr()
     assert main(["config", str(config), "model.decoder=transformer"]) == 0   # a Transformer with its own defaults
     printed = yaml.safe_load(capsys.readouterr().out)
@@ -445,13 +443,14 @@ def test_a_checkpoint_of_the_flat_config_layout_loads_and_decodes_as_before(tmp_
     path = tmp_path / "legacy.pt"
     path.write_bytes(gzip.decompress((fixtures / "legacy_hard_lstm.pt.gz").read_bytes()))
     expected = json.loads((fixtures / "legacy_hard_lstm.json").read_text())
-    model, vocab, config, payload = load_model(path)
-    assert config["model"]["lstm"]["position_dim"] == 8 and config["model"]["lstm"]["attention_mode"] == "hard"
-    assert config["loss"]["hard_reward"] == "per_word" and config["loss"]["label_smoothing"] == 0.1
+    predictor = Predictor.load(path, beam=2)
+    config, payload = predictor.config, load_checkpoint(path)
+    assert config.model.lstm.position_dim == 8 and config.model.lstm.attention_mode == "hard"
+    assert config.loss.hard_reward == "per_word" and config.loss.label_smoothing == 0.1
     assert model_and_loss_states(payload)[1]["baseline_updates"] > 0      # the baseline moved to the loss
     image = tmp_path / "image.png"
     Image.fromarray((np.arange(32 * 32 * 3).reshape(32, 32, 3) * 7 % 256).astype(np.uint8)).save(image)
-    (result,) = caption_files(model, vocab, [image], DecodeConfig(beam=2, max_length=8))
+    (result,) = predictor.with_settings(max_length=8).caption([image])
     assert result.generation.tokens == expected["tokens"]
     assert result.generation.log_prob == pytest.approx(expected["log_prob"], abs=1e-4)
     assert result.generation.attention["chosen"].argmax(-1).tolist() == expected["chosen"]

@@ -99,7 +99,7 @@ class _warns:
 def _cache_inputs(tiny_coco, tmp_path):
     config = tiny_config(tiny_coco, tmp_path / "run", encoder={"image_size": 128})   # 8 x 8 regions: 74 kB
     model = build_model(config, vocab_size=5).eval()
-    return model.encoder, read_split(config["data"], "val"), image_transform(model.encoder)
+    return model.encoder, read_split(config.data, "val"), image_transform(model.encoder)
 
 
 def test_the_feature_cache_reserves_its_disk_space_when_created(tiny_coco, tmp_path):
@@ -179,6 +179,6 @@ def test_wandb_project_entity_tags_and_a_resumed_run_continues_its_wandb_run(tin
     assert sum(p.name.endswith(run_id) for p in (run / "wandb").iterdir()) == 2     # both parts, one W&B run
     train(tiny_config(tiny_coco, run, train={"epochs": 1, **settings}), overwrite=True)
     assert calls[-1]["id"] != run_id                                                 # a new run, a new W&B run
-    with pytest.raises(CaptionerError, match="train.wandb_tags must be a list of words"):
+    with pytest.raises(CaptionerError, match="train.wandb_tags must be a list of texts"):
         train(tiny_config(tiny_coco, tmp_path / "bad", train={"wandb_tags": [1, 2]}))
     assert not (tmp_path / "bad" / "last.pt").exists()

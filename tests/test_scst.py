@@ -2,6 +2,7 @@
 gradient's invariants, a toy task driven to its reward, and SCST runs through the engine (switch within a
 run, from a checkpoint, resume, real COCO files)."""
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -153,7 +154,7 @@ def test_scst_runs_on_real_coco_files_through_the_official_reader(tmp_path):
     config = tiny_config(tmp_path, tmp_path / "run", train={"epochs": 1, "objective": "scst", "scst_samples": 2,
                                                             "batch_size": 16, "val_max_images": 8},
                          encoder={"image_size": 64})
-    config["data"].update(captions={"train": str(annotations), "val": str(annotations)},
-                          images={"train": images, "val": images}, vocab_min_count=2)
+    config.data = dataclasses.replace(config.data, captions={"train": str(annotations), "val": str(annotations)},
+                                      images={"train": images, "val": images}, vocab_min_count=2)
     result = train(config)
     assert result["step"] == 5 and result["epochs"] == 1                 # 80 images / 16

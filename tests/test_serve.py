@@ -24,8 +24,6 @@ from fastapi.testclient import TestClient
 from PIL import Image
 
 from captioner.cli import main
-from captioner.decoding.search import DecodeConfig
-from captioner.inference import attend_file, caption_files
 from captioner.serve.app import MAX_BEAM, create_app
 from captioner.serve.checkpoints import load_served_models
 from captioner.visualisation.attention_figure import upsample_attention
@@ -131,8 +129,7 @@ def test_caption_matches_the_schema_and_the_command_line(client, served, images,
         assert body["chosen"] is None
     assert body["timings"]["batch_size"] >= 1 and body["timings"]["queue_ms"] >= 0 and body["timings"]["decode_ms"] > 0
 
-    settings = DecodeConfig.of(model.config, beam=beam)
-    (expected,) = caption_files(model.model, model.vocab, [images[0]], settings)
+    (expected,) = model.predictor.with_settings(beam=beam).caption([images[0]])
     assert body["tokens"] == expected.words
     assert body["log_prob"] == pytest.approx(expected.generation.log_prob, abs=1e-4)
     assert np.allclose(body["attention"], expected.generation.attention["alpha"].reshape(-1, gh, gw).numpy(), atol=1e-5)
@@ -149,7 +146,7 @@ def test_figure_is_the_png_captioner_attend_writes(client, served, images, tmp_p
     response = post(client, images[2], "hard", route="/api/figure")
     assert response.status_code == 200 and response.headers["content-type"] == "image/png"
     model = served["hard"]
-    attend_file(model.model, model.vocab, images[2], tmp_path / "attend.png", model.settings)
+    model.predictor.attend(images[2], tmp_path / "attend.png")
     assert response.content == (tmp_path / "attend.png").read_bytes()
 
 

@@ -147,7 +147,7 @@ def test_the_decoding_process_gives_the_captions_of_the_server_process(served, s
     with DecodingProcess(LoadSettings([str(served_checkpoints[name]) for name in names], "cpu")) as process:
         assert list(process.models) == names
         for name, description in process.models.items():
-            assert description.model is None and description.describe() == served[name].describe()
+            assert description.predictor is None and description.describe() == served[name].describe()
             assert torch.equal(description.read(tiny_png, "a.png").pixels, served[name].read(tiny_png, "a.png").pixels)
         for name, beam in [("soft", 3), ("hard", 2), ("transformer", 2)]:
             assert_same_captions(process.caption((name, beam), tensors[name]), served[name].caption(tensors[name], beam))

@@ -27,7 +27,6 @@ import uvicorn
 
 from captioner.data.images import load_image
 from captioner.data.shapes import generate_shapes
-from captioner.inference import attend_file
 from captioner.serve.app import create_app
 from captioner.serve.checkpoints import load_served_models
 from captioner.visualisation.attention_figure import CHOSEN_COLOR, attention_overlay
@@ -138,7 +137,7 @@ def served(sync_api, request):
     served = load_served_models([checkpoints["soft"], checkpoints["hard"]], torch.device("cpu"))
     with torch.no_grad():
         for model in served.values():
-            model.model.decoder.attention.energy.weight.mul_(50)
+            model.predictor.model.decoder.attention.energy.weight.mul_(50)
     return served
 
 
@@ -233,7 +232,7 @@ def check_download(page: Page, served, image_path: Path, tmp_path: Path) -> None
     with page.page.expect_download(timeout=TIMEOUT_MS) as download:
         page.card(0).locator(".download").click()
     model = next(iter(served.values()))
-    attend_file(model.model, model.vocab, image_path, tmp_path / "attend.png", model.settings)
+    model.predictor.attend(image_path, tmp_path / "attend.png")
     assert Path(download.value.path()).read_bytes() == (tmp_path / "attend.png").read_bytes()
 
 

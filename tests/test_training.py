@@ -1,6 +1,7 @@
 """Training engine end to end on a tiny dataset: runs, resume equals an uninterrupted run, fine-tuning
 gradients, the feature cache, and the CLI around them."""
 
+import dataclasses
 import json
 import os
 import shutil
@@ -11,7 +12,7 @@ import torch
 
 from captioner.checkpoint import load_checkpoint
 from captioner.cli import main
-from captioner.config import save_config
+from captioner.config import load_config, save_config
 from captioner.data.feature_cache import FeatureCache, build_feature_cache
 from captioner.data.images import image_transform, load_image
 from captioner.data.readers import read_split
@@ -54,7 +55,7 @@ def test_overwrite_replaces_a_run_only_once_the_new_one_can_start(tiny_coco, tmp
     (run / "scores_test.json").write_text("{}")          # what evaluate wrote about the old model
     before = {name: (run / name).read_bytes() for name in ("last.pt", "best.pt", "metrics.jsonl")}
     broken = tiny_config(tiny_coco, run, train={"epochs": 1})
-    broken["data"]["captions"]["train"] = str(tmp_path / "missing.json")
+    broken.data.captions["train"] = str(tmp_path / "missing.json")
     with pytest.raises(CaptionerError, match="missing.json"):
         train(broken, overwrite=True)
     assert {name: (run / name).read_bytes() for name in before} == before     # the old run, untouched
@@ -133,7 +134,7 @@ def test_gradients_reach_encoder_only_when_fine_tuning(tiny_coco, tmp_path, fine
 def test_feature_cache_round_trip_resume_and_unreadable(tiny_coco, tmp_path):
     config = tiny_config(tiny_coco, tmp_path)
     model = build_model(config, vocab_size=5).eval()
-    records = read_split(config["data"], "val")
+    records = read_split(config.data, "val")
     broken = tmp_path / "broken.png"
     broken.write_bytes(b"not an image")
     records[-1].path = broken
@@ -159,7 +160,7 @@ def test_feature_cache_round_trip_resume_and_unreadable(tiny_coco, tmp_path):
 def test_a_damaged_feature_cache_is_one_line_and_never_read_as_zeros(tiny_coco, tmp_path):
     config = tiny_config(tiny_coco, tmp_path)
     model = build_model(config, vocab_size=5).eval()
-    records = read_split(config["data"], "val")
+    records = read_split(config.data, "val")
     folder = tmp_path / "cache"
     build = lambda: build_feature_cache(model.encoder, records, folder, transform=image_transform(model.encoder),
                                         progress=False)
@@ -182,9 +183,9 @@ def test_a_damaged_feature_cache_is_one_line_and_never_read_as_zeros(tiny_coco, 
 def test_train_from_cached_features_then_cli_caption_and_evaluate(tiny_coco, tmp_path, capsys, monkeypatch):
     config = tiny_config(tiny_coco, tmp_path / "run", data={"features": str(tmp_path / "cache")})
     model = build_model(config, vocab_size=5)
-    records = [r for s in ("train", "val", "test") for r in read_split(config["data"], s)]
+    records = [r for s in ("train", "val", "test") for r in read_split(config.data, s)]
     build_feature_cache(model.encoder, records, tmp_path / "cache", transform=image_transform(model.encoder),
-                        progress=False, encoder_config=config["encoder"])
+                        progress=False, encoder_config=dataclasses.asdict(config.encoder))
     result = train(config)
     checkpoint = result["checkpoint"]
     capsys.readouterr()
@@ -268,8 +269,8 @@ def test_hard_attention_run_round_trips_and_compare_writes_report(tiny_coco, tmp
 def learning_rates(schedule: str, warmup: int, steps: int, steps_per_epoch: int = 10, epochs: int = 3) -> list[float]:
     parameter = torch.nn.Parameter(torch.zeros(1))
     optimizer = torch.optim.SGD([parameter], lr=1.0)
-    config = {"train": {"lr_schedule": schedule, "warmup_steps": warmup, "epochs": epochs, "lr_gamma": 0.5,
-                        "lr_step_epochs": 1}}
+    config = load_config(None, [f"train.lr_schedule={schedule}", f"train.warmup_steps={warmup}",
+                                f"train.epochs={epochs}", "train.lr_gamma=0.5", "train.lr_step_epochs=1"])
     scheduler = engine.make_scheduler(optimizer, config, steps_per_epoch)
     rates = []
     for _ in range(steps):

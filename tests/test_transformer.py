@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from captioner.decoding.search import TokenRules, beam_search, greedy, select_state
+from captioner.errors import CaptionerError
 from captioner.models.transformer_decoder import (
     TransformerDecoder,
     TransformerDecoderConfig,
@@ -173,7 +174,7 @@ def test_dropout_only_in_training():
 def test_rejects_bad_configs_and_too_long_inputs():
     with pytest.raises(ValueError, match="num_heads"):
         make_decoder(d_model=18)
-    with pytest.raises(ValueError, match="region_position"):
+    with pytest.raises(CaptionerError, match="model.transformer.region_position must be learned, sinusoidal or none"):
         make_decoder(region_position="random")
     with pytest.raises(ValueError, match="attention_layer"):
         make_decoder(attention_layer=2)

@@ -572,15 +572,15 @@ def _outputs_current(root: Path, previous: dict, settings: dict, inputs: dict) -
 
 def _write_outputs(root: Path, year: int, split: str, images: list[dict]) -> dict:
     """dataset_coco.json, instances_valtest.json and vocab.json; returns counts and the vocabulary report."""
-    from captioner.config import defaults
+    from captioner.data.config import DataConfig
     from captioner.data.vocabulary import vocabulary_report
 
     write_file(root / "dataset_coco.json", json.dumps({"dataset": "coco", "year": year, "split": split,
                                                        "images": images}))
     instances = write_instances(root, year, images, root / "instances_valtest.json")
-    data = defaults()["data"]
-    data.update(format="karpathy", karpathy=str(root / "dataset_coco.json"), image_root=str(root), restval="train",
-                vocab=str(root / "vocab.json"), vocab_min_count=VOCAB_MIN_COUNT, max_caption_length=MAX_CAPTION_LENGTH)
+    data = DataConfig(format="karpathy", karpathy=str(root / "dataset_coco.json"), image_root=str(root), restval="train",
+                      vocab=str(root / "vocab.json"), vocab_min_count=VOCAB_MIN_COUNT,
+                      max_caption_length=MAX_CAPTION_LENGTH)
     vocabulary = vocabulary_report(data)
     counts = {}
     for entry in images:

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, Sampler
 
+from captioner.data.config import DataConfig
 from captioner.data.feature_cache import FeatureCache
 from captioner.data.images import image_transform, load_image
 from captioner.data.readers import ImageRecord
@@ -121,17 +122,16 @@ def visual_inputs(batch: dict, device: torch.device, channels_last: bool = False
     return {kind: visual}
 
 
-def make_dataset(config: dict, records: Sequence[ImageRecord], vocab: Vocabulary, encoder, *, pairs: bool,
+def make_dataset(data: DataConfig, records: Sequence[ImageRecord], vocab: Vocabulary, encoder, *, pairs: bool,
                  whole_cache_only: bool = False) -> CaptionDataset:
     """The dataset of ``records`` as the config's ``data`` section says: cached features when ``data.features``
     names a cache (images it lacks are left out and counted in ``missing``), else images through the
     encoder's transform. With ``whole_cache_only`` (evaluation) the cache is used only when it holds every
     record, and the raw images otherwise."""
-    data = config["data"]
-    common = {"max_caption_length": data["max_caption_length"], "max_pixels": data["max_pixels"],
-              "strict": data["strict"], "pairs": pairs}
-    if data["features"] and (not whole_cache_only or Path(data["features"]).exists()):
-        cache = FeatureCache(data["features"])
+    common = {"max_caption_length": data.max_caption_length, "max_pixels": data.max_pixels,
+              "strict": data.strict, "pairs": pairs}
+    if data.features and (not whole_cache_only or Path(data.features).exists()):
+        cache = FeatureCache(data.features)
         if not whole_cache_only or all(r.image_id in cache for r in records):
             dataset = CaptionDataset(records, vocab, features=cache, **common)
             if dataset.missing:

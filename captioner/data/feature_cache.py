@@ -27,11 +27,10 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
-from captioner.data.images import image_transform, load_image
-from captioner.data.readers import ImageRecord, read_splits
+from captioner.data.images import load_image
+from captioner.data.readers import ImageRecord
 from captioner.errors import CaptionerError, ImageError
-from captioner.models.encoder import EncoderConfig, build_encoder
-from captioner.utils import read_json, resolve_device, write_file
+from captioner.utils import read_json, write_file
 
 PENDING, WRITTEN, FAILED = 0, 1, 2
 
@@ -108,23 +107,6 @@ def build_feature_cache(encoder, records: Sequence[ImageRecord], out_dir: str | 
             bar.set_postfix(failed=len(failed))
     bar.close()
     return {"written": written, "failed": failed, "skipped": skipped}
-
-
-def cache_features(config: dict, splits: Sequence[str], folder: str | Path | None = None, *, batch_size: int = 32,
-                   dtype: str = "float16", progress: bool = True) -> dict:
-    """Cache the config's frozen encoder's features of every image of ``splits`` into ``folder`` (default
-    ``data.features``): what ``captioner cache-features`` and the demo run. Returns
-    :func:`build_feature_cache`'s summary plus ``folder``."""
-    folder = folder or config["data"]["features"]
-    if not folder:
-        raise CaptionerError("cache-features: set data.features in the config (or pass --out DIR)")
-    by_split = read_splits(config["data"], splits)     # a Karpathy file parsed once for every split
-    records = [r for split in splits for r in by_split[split]]
-    encoder = build_encoder(EncoderConfig(**config["encoder"])).to(resolve_device(config["run"]["device"]))
-    result = build_feature_cache(encoder, records, folder, transform=image_transform(encoder), batch_size=batch_size,
-                                 num_workers=config["data"]["num_workers"], max_pixels=config["data"]["max_pixels"],
-                                 dtype=dtype, encoder_config=config["encoder"], splits=splits, progress=progress)
-    return {**result, "folder": str(folder)}
 
 
 def _open_cache(out_dir: Path, meta: dict, shape: tuple[int, int, int]):
@@ -276,12 +258,14 @@ class FeatureCache:
         return state
 
 
-def check_cache_matches(folder: str | None, encoder_config: dict) -> None:
-    """Training from a cache made by another encoder would silently learn from the wrong features."""
+def check_cache_matches(folder: str | None, encoder_config) -> None:
+    """Refuse a cache made by another encoder than ``encoder_config`` (an
+    :class:`~captioner.models.encoder.EncoderConfig`): training from it would silently learn from the wrong
+    features."""
     if not folder:
         return
     cached = FeatureCache(folder).meta.get("encoder") or {}
-    mismatched = [k for k in ("name", "image_size", "stride", "grid") if k in cached and cached[k] != encoder_config[k]]
+    mismatched = [k for k in ("name", "image_size", "stride", "grid") if k in cached and cached[k] != getattr(encoder_config, k)]
     if mismatched:
         raise CaptionerError(f"{folder}: cached with another encoder "
                              f"({', '.join(f'{k}={cached[k]!r}' for k in mismatched)}); match the encoder section or re-cache")

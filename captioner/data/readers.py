@@ -15,6 +15,7 @@ from pathlib import Path
 
 from pycocotools.coco import COCO
 
+from captioner.data.config import DataConfig
 from captioner.data.text import has_words
 from captioner.errors import CaptionerError
 from captioner.utils import read_json, release_freed_memory
@@ -132,12 +133,12 @@ def read_karpathy_splits(split_file: str | Path, image_root: str | Path, splits:
     return records
 
 
-def read_split(data_config: dict, split: str) -> list[ImageRecord]:
+def read_split(data_config: DataConfig, split: str) -> list[ImageRecord]:
     """The records of one split as the ``data`` section of a config describes them."""
     return read_splits(data_config, (split,))[split]
 
 
-def read_splits(data_config: dict, splits: Sequence[str]) -> dict[str, list[ImageRecord]]:
+def read_splits(data_config: DataConfig, splits: Sequence[str]) -> dict[str, list[ImageRecord]]:
     """``{split: records}`` of several splits (:func:`read_split`), a Karpathy file parsed once for all of them. The
     memory that parsing took is handed back to the system afterwards (:func:`~captioner.utils.release_freed_memory`):
     it would otherwise stay in this process, and in every DataLoader worker forked from it."""
@@ -147,41 +148,41 @@ def read_splits(data_config: dict, splits: Sequence[str]) -> dict[str, list[Imag
         release_freed_memory()
 
 
-def _read_splits(data_config: dict, splits: Sequence[str]) -> dict[str, list[ImageRecord]]:
-    if data_config["format"] == "coco":
+def _read_splits(data_config: DataConfig, splits: Sequence[str]) -> dict[str, list[ImageRecord]]:
+    if data_config.format == "coco":
         out = {}
         for split in splits:
-            captions, images = data_config["captions"], data_config["images"]
+            captions, images = data_config.captions, data_config.images
             if split not in captions or split not in images:
                 raise CaptionerError(f"config: data.captions and data.images need an entry for split '{split}'")
             out[split] = read_coco_captions(captions[split], images[split], split)
             if not out[split]:
                 raise CaptionerError(f"{captions[split]}: no captioned images in split '{split}'")
         return out
-    if data_config["format"] == "karpathy":
-        if not data_config["karpathy"] or not data_config["image_root"]:
+    if data_config.format == "karpathy":
+        if not data_config.karpathy or not data_config.image_root:
             raise CaptionerError("config: data.format=karpathy needs data.karpathy and data.image_root")
-        out = read_karpathy_splits(data_config["karpathy"], data_config["image_root"], splits, data_config["restval"])
+        out = read_karpathy_splits(data_config.karpathy, data_config.image_root, splits, data_config.restval)
         for split, records in out.items():
             if not records:
-                raise CaptionerError(f"{data_config['karpathy']}: no images in split '{split}'")
+                raise CaptionerError(f"{data_config.karpathy}: no images in split '{split}'")
         return out
-    raise CaptionerError(f"config: data.format must be coco or karpathy, not {data_config['format']!r}")
+    raise CaptionerError(f"config: data.format must be coco or karpathy, not {data_config.format!r}")
 
 
 SPLITS = ("train", "val", "test")
 
 
-def available_splits(data_config: dict) -> list[str]:
+def available_splits(data_config: DataConfig) -> list[str]:
     """The splits of :data:`SPLITS` that the ``data`` section describes: those with captions and images (coco),
     or those the split file holds images of (karpathy; ``restval`` counted where it goes)."""
-    if data_config["format"] == "karpathy" and data_config["karpathy"]:
-        data = read_json(data_config["karpathy"])
-        _require(data, ("images",), str(data_config["karpathy"]))
-        found = {data_config["restval"] if entry.get("split") == "restval" else entry.get("split")
+    if data_config.format == "karpathy" and data_config.karpathy:
+        data = read_json(data_config.karpathy)
+        _require(data, ("images",), str(data_config.karpathy))
+        found = {data_config.restval if entry.get("split") == "restval" else entry.get("split")
                  for entry in data["images"] if isinstance(entry, dict)}
         return [split for split in SPLITS if split in found]
-    return [split for split in SPLITS if split in data_config["captions"] and split in data_config["images"]]
+    return [split for split in SPLITS if split in data_config.captions and split in data_config.images]
 
 
 def group_by_image(records: list[ImageRecord]) -> dict[int, list[str]]:

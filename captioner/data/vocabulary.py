@@ -7,13 +7,12 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
+from captioner.data.config import DataConfig
 from captioner.data.readers import read_split
 from captioner.data.text import tokenize
 from captioner.errors import CaptionerError
+from captioner.tokens import END_INDEX, PAD_INDEX, SPECIALS, START_INDEX, UNK_INDEX
 from captioner.utils import read_json, write_file
-
-PAD, START, END, UNK = "<pad>", "<start>", "<end>", "<unk>"
-SPECIALS = (PAD, START, END, UNK)
 
 
 class Vocabulary:
@@ -23,7 +22,7 @@ class Vocabulary:
     mapping exactly (see :meth:`to_dict` / :meth:`from_dict`).
     """
 
-    pad_index, start_index, end_index, unk_index = 0, 1, 2, 3
+    pad_index, start_index, end_index, unk_index = PAD_INDEX, START_INDEX, END_INDEX, UNK_INDEX
 
     def __init__(self, words: Sequence[str]):
         if tuple(words[:4]) != SPECIALS:
@@ -97,19 +96,19 @@ def load_vocabulary(path: str | Path) -> Vocabulary:
         raise CaptionerError(f"{path}: not a vocabulary file ({type(err).__name__}: {err})") from None
 
 
-def training_vocabulary(data_config: dict, train_records) -> Vocabulary:
+def training_vocabulary(data_config: DataConfig, train_records) -> Vocabulary:
     """The vocabulary a new run uses: the ``data.vocab`` file when set, else built from the train captions
     with ``data.vocab_min_count`` and ``data.vocab_max_size``."""
-    if data_config.get("vocab"):
-        return load_vocabulary(data_config["vocab"])
-    return Vocabulary.build((c for r in train_records for c in r.captions), data_config["vocab_min_count"],
-                            data_config["vocab_max_size"])
+    if data_config.vocab:
+        return load_vocabulary(data_config.vocab)
+    return Vocabulary.build((c for r in train_records for c in r.captions), data_config.vocab_min_count,
+                            data_config.vocab_max_size)
 
 
-def vocabulary_report(data_config: dict, out: str | Path | None = None) -> dict:
+def vocabulary_report(data_config: DataConfig, out: str | Path | None = None) -> dict:
     """Build the vocabulary of the train split (``data.vocab_min_count``, ``data.vocab_max_size``), write it to
     ``out`` (default ``data.vocab``) and report its size, token coverage and caption lengths."""
-    out = out or data_config["vocab"]
+    out = out or data_config.vocab
     if not out:
         raise CaptionerError("data vocab: set data.vocab in the config (or pass --out FILE)")
     counts, lengths = Counter(), []
@@ -118,7 +117,7 @@ def vocabulary_report(data_config: dict, out: str | Path | None = None) -> dict:
             tokens = tokenize(caption)
             counts.update(tokens)
             lengths.append(len(tokens))
-    vocab = Vocabulary.from_counts(counts, data_config["vocab_min_count"], data_config["vocab_max_size"])
+    vocab = Vocabulary.from_counts(counts, data_config.vocab_min_count, data_config.vocab_max_size)
     covered = sum(n for word, n in counts.items() if word in vocab.index)
     lengths.sort()
     save_vocabulary(vocab, out)
@@ -126,4 +125,4 @@ def vocabulary_report(data_config: dict, out: str | Path | None = None) -> dict:
             "distinct_train_words": len(counts), "token_coverage": round(covered / max(sum(counts.values()), 1), 4),
             "caption_length_p50_p95_max": [lengths[len(lengths) // 2], lengths[int(len(lengths) * 0.95)],
                                            lengths[-1]] if lengths else None,
-            "cut_at_max_caption_length": sum(n > data_config["max_caption_length"] for n in lengths)}
+            "cut_at_max_caption_length": sum(n > data_config.max_caption_length for n in lengths)}

@@ -49,16 +49,16 @@ class EnsembleDecoder(nn.Module):
         return mean, new_state, attention
 
 
-def ensemble_of(models: Sequence[nn.Module], vocabs: Sequence, configs: Sequence[dict], names: Sequence[str]):
+def ensemble_of(models: Sequence[nn.Module], vocabs: Sequence, configs: Sequence, names: Sequence[str]):
     """``(decoder, vocab)`` for decoding with the loaded checkpoints ``models`` together: the single decoder for
     one model, else an :class:`EnsembleDecoder`. Refuses checkpoints of different vocabularies or encoders,
     naming the checkpoint (``names``) at fault."""
-    first_vocab, first_encoder = vocabs[0], {k: configs[0]["encoder"][k] for k in ENCODER_KEYS}
+    first_vocab, first_encoder = vocabs[0], {k: getattr(configs[0].encoder, k) for k in ENCODER_KEYS}
     for vocab, config, name in zip(vocabs[1:], configs[1:], names[1:]):
         if vocab != first_vocab:
             raise CaptionerError(f"{name}: its vocabulary ({len(vocab)} words) differs from {names[0]}'s "
                                  f"({len(first_vocab)} words); an ensemble needs one vocabulary")
-        encoder = {k: config["encoder"][k] for k in ENCODER_KEYS}
+        encoder = {k: getattr(config.encoder, k) for k in ENCODER_KEYS}
         if encoder != first_encoder:
             raise CaptionerError(f"{name}: its encoder {encoder} differs from {names[0]}'s {first_encoder}; "
                                  "ensemble members read the same regions")

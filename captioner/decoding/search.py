@@ -14,13 +14,15 @@ their gradient, for self-critical training).
 
 from __future__ import annotations
 
+import dataclasses
 import zlib
 from collections.abc import Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 import torch
 
 from captioner.errors import CaptionerError
+from captioner.settings import check_settings, setting
 
 NEG_INF = float("-inf")
 
@@ -29,32 +31,32 @@ NEG_INF = float("-inf")
 class DecodeConfig:
     """The ``decode`` section of a config: how captions are generated."""
 
-    method: str = "beam"            # beam (beam = 1: greedy) | sample
-    beam: int = 3                   # beam size for evaluate, caption, attend and reports (1 = greedy)
-    max_length: int = 20            # most words a generated caption may have
-    min_length: int = 0             # no <end> before this many words
-    length_penalty: float = 0.0     # score / length**alpha when choosing among finished beams
-    suppress_unk: bool = True       # <unk> is never emitted (<pad> and <start> never are)
-    block_ngram: int = 0            # no n-gram of this size twice in one caption; 0 = off (3 is usual)
-    beam_groups: int = 1            # diverse beam search: the beams split into this many groups
-    diversity: float = 0.5          # diverse beam search: penalty per earlier group that chose the same word at a step
-    n_best: int = 1                 # finished beams kept per image (Generation.beams), best first
-    temperature: float = 1.0        # sampling: softmax temperature
-    top_k: int = 0                  # sampling: only the k most likely words; 0 = all
-    top_p: float = 1.0              # sampling: only the most likely words whose probabilities sum to p (nucleus)
-    seed: int = 0                   # sampling: with the image's identity, seeds its draws (same captions batched or not)
-    compile: bool = False           # torch.compile each decoding step (on CUDA as CUDA graphs: mode reduce-overhead)
+    method: str = setting("beam", "beam (beam = 1: greedy) | sample", choices=("beam", "sample"))
+    beam: int = setting(3, "beam size for evaluate, caption, attend and reports (1 = greedy)", minimum=1)
+    max_length: int = setting(20, "most words a generated caption may have", minimum=1)
+    min_length: int = setting(0, "no <end> before this many words", minimum=0)
+    length_penalty: float = setting(0.0, "score / length**alpha when choosing among finished beams", minimum=0)
+    suppress_unk: bool = setting(True, "<unk> is never emitted (<pad> and <start> never are)")
+    block_ngram: int = setting(0, "no n-gram of this size twice in one caption; 0 = off (3 is usual)", minimum=0)
+    beam_groups: int = setting(1, "diverse beam search: the beams split into this many groups", minimum=1)
+    diversity: float = setting(0.5, "diverse beam search: penalty per earlier group that chose the same word at a step",
+                               minimum=0)
+    n_best: int = setting(1, "finished beams kept per image (Generation.beams), best first", minimum=1)
+    temperature: float = setting(1.0, "sampling: softmax temperature", above=0)
+    top_k: int = setting(0, "sampling: only the k most likely words; 0 = all", minimum=0)
+    top_p: float = setting(1.0, "sampling: only the most likely words whose probabilities sum to p (nucleus)",
+                           above=0, maximum=1)
+    seed: int = setting(0, "sampling: with the image's identity, seeds its draws (same captions batched or not)",
+                        minimum=0)
+    compile: bool = setting(False, "torch.compile each decoding step (on CUDA as CUDA graphs: mode reduce-overhead)")
 
     @classmethod
-    def of(cls, config: dict, **changes) -> "DecodeConfig":
-        """The settings of a resolved config's ``decode`` section, with ``changes`` (None values ignored)."""
-        known = {f.name for f in fields(cls)}
-        settings = {k: v for k, v in config["decode"].items() if k in known}
-        return cls(**{**settings, **{k: v for k, v in changes.items() if v is not None}})
+    def of(cls, config, **changes) -> "DecodeConfig":
+        """A resolved config's ``decode`` section, with ``changes`` (None values ignored)."""
+        return dataclasses.replace(config.decode, **{k: v for k, v in changes.items() if v is not None})
 
     def check(self) -> None:
-        if self.method not in ("beam", "sample"):
-            raise CaptionerError(f"decode.method must be beam or sample, not {self.method!r}")
+        check_settings(self, "decode")
         if self.beam < 1 or self.beam % self.beam_groups:
             raise CaptionerError(f"decode.beam ({self.beam}) must be a positive multiple of decode.beam_groups "
                              f"({self.beam_groups})")
@@ -63,8 +65,6 @@ class DecodeConfig:
                                  f"({self.max_length})")
         if not 1 <= self.n_best <= self.beam:
             raise CaptionerError(f"decode.n_best ({self.n_best}) must be between 1 and decode.beam ({self.beam})")
-        if self.method == "sample" and (self.temperature <= 0 or not 0 < self.top_p <= 1 or self.top_k < 0):
-            raise CaptionerError("sampling needs decode.temperature > 0, 0 < decode.top_p <= 1 and decode.top_k >= 0")
 
 
 @dataclass

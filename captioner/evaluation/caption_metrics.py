@@ -12,6 +12,10 @@ shipped inside the ``pycocoevalcap`` wheel, so nothing is downloaded:
   ``pycocoevalcap``'s own client; its Java process is always closed before :func:`score_captions`
   returns.
 
+Without ``java`` on PATH the captions are tokenized by :func:`captioner.data.text.tokenize`, the same
+tokenizer in pure Python (it gives the Java tokens on the shapes, Flickr8k and COCO captions), so BLEU,
+ROUGE-L and CIDEr are the same; METEOR and SPICE are then left out, said in one warning line.
+
 SPICE needs the Stanford CoreNLP 3.6.0 jars, which ``pycocoevalcap`` downloads on first use. This
 module never downloads them: when they are absent (or SPICE fails) SPICE is skipped with a warning
 in the log.
@@ -36,14 +40,15 @@ from pycocoevalcap.meteor import meteor as meteor_module
 from pycocoevalcap.rouge.rouge import Rouge
 from pycocoevalcap.tokenizer import ptbtokenizer
 
-from captioner.data.text import tokenize
+from captioner.data.text import PUNCTUATION, tokenize
 from captioner.errors import CaptionerError
 from captioner.utils import write_file
 
 log = logging.getLogger(__name__)
 
 METRICS = ("BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "METEOR", "ROUGE-L", "CIDEr")
-"""The keys of :func:`score_captions`'s result (plus ``"SPICE"`` when it was requested and could run)."""
+"""The keys of :func:`score_captions`'s result with Java (plus ``"SPICE"`` when it was requested and could run);
+without Java, all but ``"METEOR"``."""
 
 _SPECIAL_TOKENS = re.compile(r"<(?:start|end|pad)>")
 _TOKENIZER_JAR = Path(ptbtokenizer.__file__).with_name(ptbtokenizer.STANFORD_CORENLP_3_4_1_JAR)
@@ -63,17 +68,18 @@ def score_captions(references: Mapping[int, list[str]], candidates: Mapping[int,
         candidates: image id -> the generated caption (plain text). ``<start>``, ``<end>`` and
             ``<pad>`` tokens are removed from both candidates and references before scoring.
         spice: also compute SPICE when its Stanford CoreNLP jars are installed; otherwise log why not.
-        java: ``False`` for a quick in-process score during training: captions are split by
-            :func:`captioner.data.vocabulary.tokenize` instead of the PTB tokenizer and METEOR is left
-            out (BLEU, ROUGE-L and CIDEr only). Reported results always use ``java=True``.
+        java: ``False`` for a quick in-process score during training: no Java is started, captions are
+            split by :func:`captioner.data.text.tokenize` (the PTB tokenizer in Python) and METEOR and
+            SPICE are left out. With ``True`` (reported results) but no ``java`` on PATH, the same
+            happens, with one warning line saying METEOR (and SPICE) were skipped.
 
     Returns:
         ``{"BLEU-1": .., "BLEU-2": .., "BLEU-3": .., "BLEU-4": .., "METEOR": .., "ROUGE-L": .., "CIDEr": ..}``
-        (plus ``"SPICE"``), each a float; all but CIDEr lie in [0, 1].
+        (plus ``"SPICE"``; without Java no ``"METEOR"``), each a float; all but CIDEr lie in [0, 1].
 
     Raises:
         ValueError: no candidates, or a candidate image without references.
-        CaptionerError: Java is not installed, or one of the Java scorers failed.
+        CaptionerError: one of the Java programs failed.
     """
     image_ids = sorted(candidates)
     if not image_ids:
@@ -83,8 +89,11 @@ def score_captions(references: Mapping[int, list[str]], candidates: Mapping[int,
             raise ValueError(f"image id {image_id} has a candidate caption but no reference captions")
     reference_texts = [_strip_special_tokens(text) for image_id in image_ids for text in references[image_id]]
     candidate_texts = [_strip_special_tokens(candidates[image_id]) for image_id in image_ids]
-    if java:
-        java_path = _find_java()
+    java_path = shutil.which("java") if java else None
+    if java and java_path is None:
+        log.warning("%s skipped: java is not on PATH (BLEU, ROUGE-L and CIDEr come from the Python PTB tokenizer, "
+                    "which gives the Java tokens)", "METEOR and SPICE" if spice else "METEOR")
+    if java_path:
         tokenized = iter(ptb_tokenize(reference_texts + candidate_texts, java=java_path))
     else:
         tokenized = iter(" ".join(tokenize(text)) for text in reference_texts + candidate_texts)
@@ -93,11 +102,11 @@ def score_captions(references: Mapping[int, list[str]], candidates: Mapping[int,
 
     bleu, _ = Bleu(4).compute_score(gts, res, verbose=0)
     scores = {f"BLEU-{n}": float(value) for n, value in enumerate(bleu, start=1)}
-    if java:
+    if java_path:
         scores["METEOR"] = _meteor_score(gts, res, java_path)
     scores["ROUGE-L"] = float(Rouge().compute_score(gts, res)[0])
     scores["CIDEr"] = float(Cider().compute_score(gts, res)[0])
-    if spice:
+    if spice and java_path:
         spice_score = _spice_score(gts, res)
         if spice_score is not None:
             scores["SPICE"] = spice_score
@@ -115,6 +124,7 @@ def ptb_tokenize(texts: list[str], *, java: str | None = None) -> list[str]:
 
     Each text comes back lower-cased, split into PTB tokens joined by single spaces, with the tokens
     in ``PTBTokenizer``'s punctuation list removed. Line breaks inside a text are treated as spaces.
+    :func:`captioner.data.text.tokenize` gives the same tokens without Java.
     """
     if not texts:
         return []
@@ -128,8 +138,7 @@ def ptb_tokenize(texts: list[str], *, java: str | None = None) -> list[str]:
         detail = _last_line(process.stderr.decode("utf-8", errors="replace"))
         raise CaptionerError(f"{_TOKENIZER_JAR}: the PTB tokenizer failed (exit status {process.returncode}, "
                              f"{len(output)} lines out for {len(lines)} in): {detail}")
-    return [" ".join(token for token in line.split() if token not in ptbtokenizer.PUNCTUATIONS)
-            for line in output]
+    return [" ".join(token for token in line.split() if token not in PUNCTUATION) for line in output]
 
 
 def _strip_special_tokens(text: str) -> str:
@@ -141,8 +150,8 @@ def _find_java() -> str:
     """The path of the ``java`` executable, or a :class:`CaptionerError` saying it is needed."""
     java = shutil.which("java")
     if java is None:
-        raise CaptionerError("java: not found on PATH; caption metrics need Java 8 or newer for the PTB tokenizer "
-                             "and METEOR (e.g. `apt-get install default-jre-headless`)")
+        raise CaptionerError("java: not found on PATH; the Java PTB tokenizer needs Java 8 or newer "
+                             "(e.g. `apt-get install default-jre-headless`)")
     return java
 
 

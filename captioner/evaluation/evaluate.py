@@ -7,38 +7,41 @@ import logging
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from captioner.checkpoint import load_models
 from captioner.data.dataset import CaptionDataset, make_dataset
 from captioner.data.readers import read_split
-from captioner.decoding.search import DecodeConfig
 from captioner.errors import CaptionerError
 from captioner.evaluation.attention_stats import attention_statistics
 from captioner.evaluation.caption_metrics import score_captions, write_coco_results
 from captioner.evaluation.diversity import diversity_measures
-from captioner.evaluation.generate import caption_texts, generate_captions, read_references
+from captioner.evaluation.generate import caption_texts, read_references
 from captioner.evaluation.grounding import (
     ShapesTargets,
     ground,
     load_instances,
 )
 from captioner.evaluation.shapes_metrics import shapes_scores
+from captioner.predictor import Predictor
 from captioner.utils import file_sha256, resolve_device, write_file
+
+if TYPE_CHECKING:
+    from captioner.config import Config
 
 log = logging.getLogger(__name__)
 
 
-def split_dataset(config: dict, split: str, vocab, model) -> CaptionDataset:
+def split_dataset(config: Config, split: str, vocab, model) -> CaptionDataset:
     """One item per image of ``split``: cached features when the cache holds them all, else raw images."""
-    return make_dataset(config, read_split(config["data"], split), vocab, model.encoder, pairs=False,
+    return make_dataset(config.data, read_split(config.data, split), vocab, model.encoder, pairs=False,
                         whole_cache_only=True)
 
 
-def _targets(config: dict, split: str, required: bool = False):
+def _targets(config: Config, split: str, required: bool = False):
     """``(targets, image_sizes)`` of ``split`` from the config's ``data.instances`` file (shapes objects or
     COCO categories, see :func:`~captioner.evaluation.grounding.load_targets`), or ``(None, {})`` when it
     names none, or (unless ``required``) names one that is not there, with a warning."""
-    instances = (config["data"].get("instances") or {}).get(split)
+    instances = config.data.instances.get(split)
     if instances and not required and not Path(instances).is_file():
         log.warning("%s: instances file not found (data.instances); no shapes measures or grounding", instances)
         return None, {}
@@ -60,10 +63,11 @@ def evaluate_checkpoint(checkpoints: str | Path | Sequence[str | Path], split: s
     split (shapes or COCO), attention grounding (``pointing_accuracy`` and the ``grounding`` breakdown) of the
     images the file holds."""
     refuse_file_as_folder(out_dir)
-    model, vocab, config = load_models(checkpoints, resolve_device(device), overrides)
-    settings = DecodeConfig.of(config, beam=beam_size, n_best=n_best)
+    predictor = Predictor.load(checkpoints, device=resolve_device(device), overrides=overrides, beam=beam_size,
+                               n_best=n_best)
+    model, vocab, config, settings = predictor.model, predictor.vocab, predictor.config, predictor.settings
     dataset = split_dataset(config, split, vocab, model)
-    generations = generate_captions(model, dataset, vocab, settings, progress=progress)
+    generations = predictor.generate(dataset, progress=progress)
     texts = caption_texts(generations, vocab)
     unreadable = readable_or_refuse(dataset, generations, split)
     scores = score_captions({r.image_id: r.captions for r in dataset.records}, texts, spice=spice)
@@ -99,7 +103,7 @@ def readable_or_refuse(dataset: CaptionDataset, decoded, split: str) -> list[str
     return unreadable
 
 
-def _attention_scores(generations, vocab, config: dict, split: str, grid: tuple[int, int], texts: dict) -> dict:
+def _attention_scores(generations, vocab, config: Config, split: str, grid: tuple[int, int], texts: dict) -> dict:
     """Sharpness statistics, shapes measures and grounding, where they apply."""
     out = {}
     attention = attention_statistics(generations)
@@ -125,20 +129,20 @@ def ground_checkpoint(checkpoint: str | Path, split: str = "test", *, beam_size:
     shapes boxes or COCO masks); writes ``grounding_{split}.json`` (``grounding_references_{split}.json``) into
     ``out_dir`` (default: the checkpoint's folder)."""
     refuse_file_as_folder(out_dir)
-    model, vocab, config = load_models(checkpoint, resolve_device(device), overrides)
+    predictor = Predictor.load(checkpoint, device=resolve_device(device), overrides=overrides, beam=beam_size)
+    model, vocab, config = predictor.model, predictor.vocab, predictor.config
     targets, image_sizes = _targets(config, split, required=True)     # before decoding: a bad file fails at once
     if targets is None:
         raise CaptionerError(f"{checkpoint}: its config names no instances file for split '{split}' "
                              "(data.instances), so there are no objects to ground words in")
     if references:
-        pairs = make_dataset(config, read_split(config["data"], split), vocab, model.encoder, pairs=True,
+        pairs = make_dataset(config.data, read_split(config.data, split), vocab, model.encoder, pairs=True,
                              whole_cache_only=True)
         generations = read_references(model, pairs)
         unreadable = readable_or_refuse(pairs, {image_id for image_id, _ in generations}, split)
     else:
         dataset = split_dataset(config, split, vocab, model)
-        generations = generate_captions(model, dataset, vocab, DecodeConfig.of(config, beam=beam_size),
-                                        progress=progress)
+        generations = predictor.generate(dataset, progress=progress)
         unreadable = readable_or_refuse(dataset, generations, split)
     grounding = ground(generations, vocab, targets, image_sizes, tuple(model.encoder.grid))
     if grounding is None:

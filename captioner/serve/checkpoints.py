@@ -7,16 +7,19 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, NamedTuple
+from typing import TYPE_CHECKING, BinaryIO, NamedTuple
 
 import torch
 from PIL import Image
 
-from captioner.checkpoint import load_model
 from captioner.data.images import TO_FLOAT, image_transform, load_image_reduced
 from captioner.data.vocabulary import Vocabulary
-from captioner.decoding.search import DecodeConfig, Generation, decode
-from captioner.models.captioner import Captioner
+from captioner.decoding.search import DecodeConfig, Generation
+from captioner.models.captioner import DECODERS
+from captioner.predictor import Predictor
+
+if TYPE_CHECKING:
+    from captioner.config import Config
 
 
 class Upload(NamedTuple):
@@ -32,24 +35,24 @@ class ServedModel:
     """One loaded checkpoint: its vocabulary and config, the decode ``settings`` (``beam`` is the default when a
     request names none), ``max_pixels``, the largest image it accepts, the ``transform`` of an upload into the
     encoder's input, the encoder's region ``grid`` ``(gh, gw)`` over which every attention map lies and its
-    input ``image_size`` ``(H, W)``; and ``model``, in eval mode, where this process decodes (``None`` in the
-    server's process when the models decode in :mod:`~captioner.serve.decoding_process`: see :meth:`description`)."""
+    input ``image_size`` ``(H, W)``; and ``predictor``, where this process decodes (``None`` in the server's
+    process when the models decode in :mod:`~captioner.serve.decoding_process`: see :meth:`description`)."""
 
     name: str
     path: Path
     vocab: Vocabulary
-    config: dict
+    config: Config
     settings: DecodeConfig
     max_pixels: int
     transform: Callable[[Image.Image], torch.Tensor]
     grid: tuple[int, int]
     image_size: tuple[int, int]
-    model: Captioner | None = None
+    predictor: Predictor | None = None
 
     def description(self) -> ServedModel:
         """This checkpoint without its model: all a server needs to read uploads, draw attention and describe
         it, while the model decodes in another process (it pickles in a few kilobytes)."""
-        return dataclasses.replace(self, model=None)
+        return dataclasses.replace(self, predictor=None)
 
     def read(self, source: bytes | BinaryIO, name: str, shown_side: int = 0) -> Upload:
         """The uploaded file ``source`` (its bytes, or the open file) as an RGB image, decoded no larger than
@@ -65,35 +68,20 @@ class ServedModel:
     def caption(self, images: Sequence[torch.Tensor], beam: int) -> list[list[Generation]]:
         """The ``beam`` best captions of each of ``images`` (each uint8 ``(3, H, W)`` from :meth:`read`), best
         first, decoded as one batched beam search (``beam=1``: greedy decoding, one caption each)."""
-        if self.model is None:
+        if self.predictor is None:
             raise RuntimeError(f"{self.name}: this is a description of the checkpoint; its model decodes elsewhere")
-        batch = TO_FLOAT(torch.stack(list(images)).to(self.model.device))
-        settings = dataclasses.replace(self.settings, beam=beam)
-        return decode_n_best(self.model.decoder, self.model.regions(images=batch), self.vocab, settings)
+        settings = dataclasses.replace(self.settings, beam=beam, n_best=beam)
+        generations = self.predictor.decode_images(TO_FLOAT(torch.stack(list(images))), settings=settings)
+        return [generation.beams or [generation] for generation in generations]
 
     def describe(self) -> dict:
         """What ``GET /api/models`` says about this checkpoint."""
-        model = self.config["model"]
-        return {"name": self.name, "decoder": model["decoder"], "attention": attention_kind(model),
-                "encoder": self.config["encoder"]["name"], "vocab_size": len(self.vocab), "grid": list(self.grid),
+        model = self.config.model
+        return {"name": self.name, "decoder": model.decoder,
+                "attention": DECODERS[model.decoder].attention_kind(model.chosen),
+                "encoder": self.config.encoder.name, "vocab_size": len(self.vocab), "grid": list(self.grid),
                 "image_size": list(self.image_size), "beam": self.settings.beam,
                 "max_length": self.settings.max_length, "max_pixels": self.max_pixels}
-
-
-def decode_n_best(decoder, regions: torch.Tensor, vocab: Vocabulary, settings: DecodeConfig) -> list[list[Generation]]:
-    """The ``settings.beam`` best hypotheses of each image of ``regions`` (B, L, D), best first."""
-    generations = decode(decoder, regions, vocab, dataclasses.replace(settings, n_best=settings.beam))
-    return [generation.beams or [generation] for generation in generations]
-
-
-def attention_kind(model_config: dict) -> str:
-    """How a model attends, in words: ``soft``, ``hard`` or ``none`` for the LSTM, ``cross-attention`` for the
-    Transformer, the decoder's name for any other."""
-    decoder = model_config["decoder"]
-    if decoder == "lstm":
-        settings = model_config["lstm"]
-        return "none" if settings["attention"] == "none" else settings["attention_mode"]
-    return "cross-attention" if decoder == "transformer" else decoder
 
 
 def load_served_models(paths: Sequence[str | Path], device: torch.device, overrides: Sequence[str] = (), *,
@@ -103,11 +91,11 @@ def load_served_models(paths: Sequence[str | Path], device: torch.device, overri
     config; ``beam`` and ``max_pixels`` replace their ``decode.beam`` and ``data.max_pixels``."""
     served: dict[str, ServedModel] = {}
     for path in map(Path, paths):
-        model, vocab, config, _ = load_model(path, device, overrides)
-        name = _unique(Path(str(config["run"]["out"])).name or path.parent.name, served)
-        served[name] = ServedModel(name, path, vocab, config, DecodeConfig.of(config, beam=beam),
-                                   max_pixels or config["data"]["max_pixels"], image_transform(model.encoder, to_float=False),
-                                   tuple(model.encoder.grid), tuple(model.encoder.image_size), model)
+        predictor = Predictor.load(path, device=device, overrides=overrides, beam=beam, max_pixels=max_pixels)
+        name = _unique(Path(str(predictor.config.run.out)).name or path.parent.name, served)
+        served[name] = ServedModel(name, path, predictor.vocab, predictor.config, predictor.settings,
+                                   predictor.max_pixels, image_transform(predictor.model.encoder, to_float=False),
+                                   predictor.grid, predictor.image_size, predictor)
     return served
 
 

@@ -7,7 +7,7 @@ from pydantic import BaseModel, Field
 
 from captioner.data.vocabulary import Vocabulary
 from captioner.decoding.search import Generation
-from captioner.inference import attention_maps
+from captioner.predictor import attention_maps
 from captioner.serve.batching import Timing
 
 

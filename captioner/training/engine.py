@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+import dataclasses
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from captioner.checkpoint import load_checkpoint, model_and_loss_states, save_checkpoint
-from captioner.config import complete, save_config
+from captioner.config import Config, TrainConfig, complete, save_config
 from captioner.data.dataset import (
     CaptionDataset,
     EpochSampler,
@@ -31,13 +32,14 @@ from captioner.data.dataset import (
     make_dataset,
     visual_inputs,
 )
-from captioner.data.feature_cache import cache_features, cache_is_complete, check_cache_matches
+from captioner.data.feature_cache import cache_is_complete, check_cache_matches
 from captioner.data.readers import available_splits, read_splits
 from captioner.data.vocabulary import Vocabulary, training_vocabulary
 from captioner.decoding.search import DecodeConfig
 from captioner.errors import CaptionerError
 from captioner.evaluation.caption_metrics import score_captions
 from captioner.evaluation.generate import caption_texts, generate_captions
+from captioner.feature_extraction import cache_features
 from captioner.models.captioner import Captioner, build_model, compile_decoder
 from captioner.training.distributed import (
     World,
@@ -75,7 +77,7 @@ class TrainState:
 class Run:
     """Everything the steps of one training run share."""
 
-    config: dict
+    config: Config
     world: World
     device: torch.device
     dir: Path
@@ -97,8 +99,8 @@ class Run:
 
     def objective(self, epoch: int) -> str:
         """``xe`` or ``scst``: what epoch ``epoch`` (from 0) optimises."""
-        train = self.config["train"]
-        return "scst" if train["objective"] == "scst" and epoch >= train["scst_after_epoch"] else "xe"
+        train = self.config.train
+        return "scst" if train.objective == "scst" and epoch >= train.scst_after_epoch else "xe"
 
     def save(self, state: TrainState, name: str = "last") -> None:
         """Write ``{name}.pt`` (rank 0 only), the training time so far included."""
@@ -108,7 +110,7 @@ class Run:
         save_checkpoint({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                          "scheduler": self.scheduler.state_dict(), "loss": self.loss.state_dict(),
                          "progress": asdict(state), "rng": rng_state(), "vocab": self.vocab.to_dict(),
-                         "config": self.config}, self.dir / f"{name}.pt")
+                         "config": self.config.to_dict()}, self.dir / f"{name}.pt")
 
 
 def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool, world: World) -> None:
@@ -155,69 +157,61 @@ def _differences(saved: dict, config: dict, prefix: str) -> list[str]:
     return out
 
 
-def resumable_checkpoint(config: dict, path: Path) -> dict:
+def resumable_checkpoint(config: Config, path: Path) -> dict:
     """``path``'s checkpoint, after checking that it trains the same model on the same encoder."""
     checkpoint = load_checkpoint(path)
-    saved = complete(checkpoint["config"])
+    saved, current = complete(checkpoint["config"]).to_dict(), config.to_dict()
     for section in ("model", "encoder"):
-        changed = _differences(saved[section], config[section], f"{section}.")
+        changed = _differences(saved[section], current[section], f"{section}.")
         if changed:
             raise CaptionerError(f"{path}: cannot resume with a different {section} section (changed: {', '.join(changed)})")
     return checkpoint
 
 
-def check_train_settings(config: dict, world: World) -> int:
-    """Settings only training reads; returns this rank's share of the global batch."""
-    train = config["train"]
-    if train["nonfinite"] not in ("stop", "skip"):
-        raise CaptionerError(f"train.nonfinite must be 'stop' or 'skip', not {train['nonfinite']!r}")
-    if train["wandb"] not in ("offline", "online", "disabled"):
-        raise CaptionerError(f"train.wandb must be offline, online or disabled, not {train['wandb']!r}")
-    if not all(isinstance(tag, str) for tag in train["wandb_tags"]):
-        raise CaptionerError(f"train.wandb_tags must be a list of words, not {train['wandb_tags']!r}")
-    if train["batch_size"] % world.size:
-        raise CaptionerError(f"train.batch_size={train['batch_size']} is the global batch: it must split evenly over "
+def rank_batch_size(config: Config, world: World) -> int:
+    """This rank's share of the global batch ``train.batch_size``, which must split evenly over the processes."""
+    batch = config.train.batch_size
+    if batch % world.size:
+        raise CaptionerError(f"train.batch_size={batch} is the global batch: it must split evenly over "
                              f"{world.size} processes")
-    return train["batch_size"] // world.size
+    return batch // world.size
 
 
-def make_optimizer(model, config: dict) -> torch.optim.Optimizer:
+def make_optimizer(model, config: Config) -> torch.optim.Optimizer:
     """Adam over the decoder (and the fine-tuned encoder blocks), in its fused form: one kernel for every
     parameter instead of a handful of element-wise passes each (on the CPU too)."""
-    train = config["train"]
-    groups = [{"params": [p for p in model.decoder.parameters() if p.requires_grad], "lr": train["lr"]}]
+    train = config.train
+    groups = [{"params": [p for p in model.decoder.parameters() if p.requires_grad], "lr": train.lr}]
     encoder_params = [p for p in model.encoder.parameters() if p.requires_grad]
-    if encoder_params and not config["data"]["features"]:
-        groups.append({"params": encoder_params, "lr": train["encoder_lr"]})
-    return torch.optim.Adam(groups, weight_decay=train["weight_decay"], fused=True)
+    if encoder_params and not config.data.features:
+        groups.append({"params": encoder_params, "lr": train.encoder_lr})
+    return torch.optim.Adam(groups, weight_decay=train.weight_decay, fused=True)
 
 
-def make_scheduler(optimizer, config: dict, steps_per_epoch: int) -> torch.optim.lr_scheduler.LRScheduler:
+def make_scheduler(optimizer, config: Config, steps_per_epoch: int) -> torch.optim.lr_scheduler.LRScheduler:
     """Per-step learning-rate factor: a linear warm-up over ``train.warmup_steps``, then ``none`` (constant),
     ``step`` (times ``lr_gamma`` every ``lr_step_epochs``), ``cosine`` (to 0 at the last step) or ``rsqrt``
     (``sqrt(warmup_steps / step)``, the Transformer's inverse-square-root decay)."""
-    train = config["train"]
-    kind, warmup = train["lr_schedule"], train["warmup_steps"]
-    total = max(1, train["epochs"] * steps_per_epoch)
+    train = config.train
+    kind, warmup = train.lr_schedule, train.warmup_steps
+    total = max(1, train.epochs * steps_per_epoch)
     decays = {
         "none": lambda step: 1.0,
-        "step": lambda step: train["lr_gamma"] ** (step // (steps_per_epoch * train["lr_step_epochs"])),
+        "step": lambda step: train.lr_gamma ** (step // (steps_per_epoch * train.lr_step_epochs)),
         "cosine": lambda step: 0.5 * (1 + math.cos(math.pi * min(step, total) / total)),
         "rsqrt": lambda step: math.sqrt(max(warmup, 1) / max(step + 1, warmup, 1)),
     }
-    if kind not in decays:
-        raise CaptionerError(f"train.lr_schedule must be one of {', '.join(decays)}, not {kind!r}")
     decay = decays[kind]
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup if warmup else 1.0) * decay(step))
 
 
-def wrap_model(model: Captioner, config: dict, world: World, device: torch.device) -> nn.Module:
+def wrap_model(model: Captioner, config: Config, world: World, device: torch.device) -> nn.Module:
     """The module that runs the forward pass: DistributedDataParallel across ranks, compiled on request
     (CUDA: the whole model; CPU: the decoder's per-word step, :func:`compile_decoder`)."""
     net: nn.Module = model
     if world.distributed:
         net = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-    if config["train"]["compile"]:
+    if config.train.compile:
         if device.type == "cuda":
             net = torch.compile(net)
         else:
@@ -225,25 +219,25 @@ def wrap_model(model: Captioner, config: dict, world: World, device: torch.devic
     return net
 
 
-def epoch_loader(dataset: CaptionDataset, config: dict, world: World, device: torch.device, rank_batch: int,
+def epoch_loader(dataset: CaptionDataset, config: Config, world: World, device: torch.device, rank_batch: int,
                  bucket: bool) -> DataLoader:
     """A loader whose :class:`EpochSampler` gives every epoch its own order (``loader.sampler.set_epoch``)."""
-    data = config["data"]
-    sampler = EpochSampler(len(dataset), seed=config["run"]["seed"], rank=world.rank, world_size=world.size,
+    data = config.data
+    sampler = EpochSampler(len(dataset), seed=config.run.seed, rank=world.rank, world_size=world.size,
                            lengths=[dataset.caption_length(i) for i in range(len(dataset))],
-                           bucket_batch=config["train"]["batch_size"] if bucket else 0)
-    workers = data["num_workers"]
+                           bucket_batch=config.train.batch_size if bucket else 0)
+    workers = data.num_workers
     return DataLoader(dataset, batch_size=rank_batch, sampler=sampler, collate_fn=collate, num_workers=workers,
                       pin_memory=device.type == "cuda", persistent_workers=workers > 0,
                       generator=torch.Generator())  # keeps the global random state untouched
 
 
-def build_run(config: dict, world: World, device: torch.device, checkpoint: dict | None,
+def build_run(config: Config, world: World, device: torch.device, checkpoint: dict | None,
               initial: dict | None = None) -> Run:
     """Data, model, loss, optimizer and loaders of a run: new, about to resume from ``checkpoint``, or starting
     from the weights and vocabulary of ``initial`` (``train.init_from``)."""
-    data, train = config["data"], config["train"]
-    rank_batch = check_train_settings(config, world)
+    data, train = config.data, config.train
+    rank_batch = rank_batch_size(config, world)
     by_split = read_splits(data, ("train", "val"))     # a Karpathy file parsed once for both
     train_records, val_records = by_split["train"], by_split["val"]
     carried = checkpoint or initial
@@ -251,47 +245,47 @@ def build_run(config: dict, world: World, device: torch.device, checkpoint: dict
     model = build_model(config, len(vocab), pretrained=carried is None)
     if initial is not None:
         model.load_state_dict(model_and_loss_states(initial)[0])
-    check_cache_matches(data["features"], config["encoder"])
+    check_cache_matches(data.features, config.encoder)
     model.to(device)
-    if train["channels_last"] and device.type == "cuda":
+    if train.channels_last and device.type == "cuda":
         model.encoder.to(memory_format=torch.channels_last)
-    loaders = {"xe": epoch_loader(make_dataset(config, train_records, vocab, model.encoder, pairs=True), config, world,
-                                  device, rank_batch, data["bucket_by_length"])}
+    loaders = {"xe": epoch_loader(make_dataset(config.data, train_records, vocab, model.encoder, pairs=True), config, world,
+                                  device, rank_batch, data.bucket_by_length)}
     self_critical = None
-    if train["objective"] == "scst":
-        loaders["scst"] = epoch_loader(make_dataset(config, train_records, vocab, model.encoder, pairs=False), config,
+    if train.objective == "scst":
+        loaders["scst"] = epoch_loader(make_dataset(config.data, train_records, vocab, model.encoder, pairs=False), config,
                                        world, device, rank_batch, bucket=False)
         self_critical = make_self_critical(config, vocab, train_records)
     optimizer = make_optimizer(model, config)
-    first = loaders["scst" if train["objective"] == "scst" and train["scst_after_epoch"] == 0 else "xe"]
-    return Run(config=config, world=world, device=device, dir=Path(config["run"]["out"]), vocab=vocab, model=model,
-               net=wrap_model(model, config, world, device), loss=build_loss(model.decoder, config["loss"]).to(device),
+    first = loaders["scst" if train.objective == "scst" and train.scst_after_epoch == 0 else "xe"]
+    return Run(config=config, world=world, device=device, dir=Path(config.run.out), vocab=vocab, model=model,
+               net=wrap_model(model, config, world, device), loss=build_loss(model.decoder, config.loss).to(device),
                optimizer=optimizer, scheduler=make_scheduler(optimizer, config, len(first)),
-               scaler=torch.amp.GradScaler(device.type, enabled=train["amp"] is not False and amp_dtype(device) == torch.float16),
-               loaders=loaders, val_set=make_dataset(config, val_records, vocab, model.encoder, pairs=False),
+               scaler=torch.amp.GradScaler(device.type, enabled=train.amp is not False and amp_dtype(device) == torch.float16),
+               loaders=loaders, val_set=make_dataset(config.data, val_records, vocab, model.encoder, pairs=False),
                self_critical=self_critical,
-               logger=MetricsLogger(Path(config["run"]["out"]), config, resume=checkpoint is not None,
+               logger=MetricsLogger(Path(config.run.out), config, resume=checkpoint is not None,
                                     enabled=world.is_main),
                rank_batch=rank_batch)
 
 
 def startup_facts(run: Run) -> list[str]:
     """What a run states when it starts: the device, the precision, the world, the data and the vocabulary."""
-    train, data = run.config["train"], run.config["data"]
+    train, data = run.config.train, run.config.data
     world = (f"{run.world.size} processes ({'nccl' if run.device.type == 'cuda' else 'gloo'}), global batch "
-             f"{train['batch_size']} = {run.rank_batch} per process" if run.world.distributed
-             else f"1 process, batch {train['batch_size']}")
+             f"{train.batch_size} = {run.rank_batch} per process" if run.world.distributed
+             else f"1 process, batch {train.batch_size}")
     pairs, val = run.loaders["xe"].dataset, run.val_set
-    source = (f"features cached in {data['features']} ({pairs.features.grid[0]}x{pairs.features.grid[1]} regions of "
+    source = (f"features cached in {data.features} ({pairs.features.grid[0]}x{pairs.features.grid[1]} regions of "
               f"{pairs.features.feature_dim})" if pairs.features is not None
-              else f"images through {run.config['encoder']['name']} at {run.config['encoder']['image_size']} px")
+              else f"images through {run.config.encoder.name} at {run.config.encoder.image_size} px")
     missing = f", {len(pairs.missing)} missing from the cache and skipped" if pairs.missing else ""
     return [f"device: {describe_device(run.device)}",
-            f"precision: {run.precision.describe(run.device)}; compile: {train['compile']}",
+            f"precision: {run.precision.describe(run.device)}; compile: {train.compile}",
             f"world: {world}",
             f"data: train {len(pairs.records):,} images, {len(pairs):,} captions{missing}; val {len(val.records):,} "
-            f"images ({min(len(val.records), train['val_max_images']):,} decoded per validation); {source}",
-            f"vocabulary: {len(run.vocab):,} words; model: {run.config['model']['decoder']} decoder, "
+            f"images ({min(len(val.records), train.val_max_images):,} decoded per validation); {source}",
+            f"vocabulary: {len(run.vocab):,} words; model: {run.config.model.decoder} decoder, "
             f"{sum(p.numel() for p in run.model.parameters() if p.requires_grad):,} trained parameters"]
 
 
@@ -302,39 +296,40 @@ def decide_precision(run: Run, state: TrainState) -> Precision:
         return Precision(state.amp, "as decided when the run started")
     choice = None
     if run.world.is_main:
-        choice = choose_precision(run.config["train"]["amp"], run.model, run.loss, len(run.vocab), run.rank_batch,
+        choice = choose_precision(run.config.train.amp, run.model, run.loss, len(run.vocab), run.rank_batch,
                                   run.device)
     state.amp = all_sum([float(choice.amp) if choice else 0.0], run.world, run.device)[0] > 0
     return choice or Precision(state.amp, "rank 0's decision")
 
 
-def make_self_critical(config: dict, vocab: Vocabulary, train_records) -> SelfCritical:
+def make_self_critical(config: Config, vocab: Vocabulary, train_records) -> SelfCritical:
     """The self-critical objective: CIDEr-D (+ BLEU-4) against the training references, whose document
     frequencies are cached beside the features (or the vocabulary file, or the run)."""
-    data, train = config["data"], config["train"]
-    cache = data["features"] or (Path(data["vocab"]).parent if data["vocab"] else config["run"]["out"])
-    reward = metric_reward({r.image_id: r.captions for r in train_records}, cache, count_end=train["scst_count_end"],
-                           bleu_weight=train["scst_bleu_weight"])
+    data, train = config.data, config.train
+    cache = data.features or (Path(data.vocab).parent if data.vocab else config.run.out)
+    reward = metric_reward({r.image_id: r.captions for r in train_records}, cache, count_end=train.scst_count_end,
+                           bleu_weight=train.scst_bleu_weight)
     try:
-        return SelfCritical(reward, vocab, samples=train["scst_samples"], baseline=train["scst_baseline"],
-                            temperature=train["scst_temperature"], max_length=config["decode"]["max_length"],
-                            suppress_unk=config["decode"]["suppress_unk"], entropy_weight=config["loss"]["entropy_weight"])
+        return SelfCritical(reward, vocab, samples=train.scst_samples, baseline=train.scst_baseline,
+                            temperature=train.scst_temperature, max_length=config.decode.max_length,
+                            suppress_unk=config.decode.suppress_unk, entropy_weight=config.loss.entropy_weight)
     except ValueError as err:
         raise CaptionerError(str(err)) from None
 
 
-def initial_checkpoint(config: dict) -> tuple[dict, dict | None]:
+def initial_checkpoint(config: Config) -> tuple[dict, dict | None]:
     """``train.init_from``'s checkpoint, and the config with that checkpoint's model and encoder sections (a run
     that starts from trained weights keeps their architecture and vocabulary)."""
-    path = config["train"]["init_from"]
+    path = config.train.init_from
     if not path:
         return config, None
     initial = load_checkpoint(path)
     carried = complete(initial["config"])
-    changed = [k for section in ("model", "encoder") for k in _differences(carried[section], config[section], f"{section}.")]
+    old, new = carried.to_dict(), config.to_dict()
+    changed = [k for section in ("model", "encoder") for k in _differences(old[section], new[section], f"{section}.")]
     if changed:
         log.info("%s: taking its model and encoder settings (%s differed)", path, ", ".join(changed))
-    return {**config, "model": carried["model"], "encoder": carried["encoder"]}, initial
+    return dataclasses.replace(config, model=carried.model, encoder=carried.encoder), initial
 
 
 def restore(run: Run, checkpoint: dict) -> TrainState:
@@ -356,7 +351,7 @@ def restore(run: Run, checkpoint: dict) -> TrainState:
 def decoder_loss(run: Run, batch: dict, objective: str = "xe") -> dict[str, torch.Tensor]:
     """Forward pass and loss of one batch on this rank: cross-entropy (the ``loss`` section's) of the batch's
     captions, or the self-critical loss of captions sampled for its images."""
-    channels_last = run.config["train"]["channels_last"] and run.device.type == "cuda"
+    channels_last = run.config.train.channels_last and run.device.type == "cuda"
     inputs = visual_inputs(batch, run.device, channels_last=channels_last)
     with autocast(run.device, run.precision.amp):
         if objective == "scst":
@@ -379,14 +374,14 @@ def optimizer_step(run: Run, state: TrainState, losses: dict, stop: GracefulStop
 
     With several ranks each rank's loss is weighted by its share of the global batch's words, so the
     averaged gradient is that of one process over the whole global batch (exactly so for the cross-entropy)."""
-    loss, world, train = losses["loss"], run.world, run.config["train"]
+    loss, world, train = losses["loss"], run.world, run.config.train
     run.optimizer.zero_grad(set_to_none=True)
     local_words = float(losses["words"])
     global_words, nonfinite_ranks, stopping_ranks = all_sum(
         [local_words, float(not torch.isfinite(loss)), float(stop.requested)], world, run.device)
     if nonfinite_ranks:
         where = f"step {state.step + 1}, epoch {state.epoch + 1}"
-        if train["nonfinite"] != "skip":
+        if train.nonfinite != "skip":
             raise CaptionerError(f"non-finite loss ({loss.item()}) at {where}; the last good checkpoint is kept "
                                  f"(train.nonfinite=skip skips such batches instead)")
         log.warning("non-finite loss (%s) at %s: batch skipped", loss.item(), where)
@@ -395,9 +390,9 @@ def optimizer_step(run: Run, state: TrainState, losses: dict, stop: GracefulStop
     if world.distributed:
         loss = loss * (local_words * world.size / max(global_words, 1.0))
     run.scaler.scale(loss).backward()
-    if train["grad_clip"]:
+    if train.grad_clip:
         run.scaler.unscale_(run.optimizer)
-        torch.nn.utils.clip_grad_norm_(run.model.parameters(), train["grad_clip"])
+        torch.nn.utils.clip_grad_norm_(run.model.parameters(), train.grad_clip)
     run.scaler.step(run.optimizer)
     run.scaler.update()
     run.scheduler.step()
@@ -416,13 +411,13 @@ def log_step(run: Run, state: TrainState, losses: dict, words_per_s: float, obje
 def train_one_epoch(run: Run, state: TrainState, stop: GracefulStop, progress: bool = True) -> bool:
     """One pass over the loader, from ``state.batch_in_epoch`` on (a progress bar on rank 0 unless ``progress``
     is False). Returns False when asked to stop part-way."""
-    train, objective = run.config["train"], run.objective(state.epoch)
+    train, objective = run.config.train, run.objective(state.epoch)
     loader = run.loaders[objective]
     loader.sampler.set_epoch(state.epoch, start=state.batch_in_epoch * run.rank_batch)
     run.model.train()
     run.loss.train()
     words_seen, started = 0, time.perf_counter()
-    bar = tqdm(loader, desc=f"epoch {state.epoch + 1}/{train['epochs']} ({objective})", unit="batch", leave=False,
+    bar = tqdm(loader, desc=f"epoch {state.epoch + 1}/{train.epochs} ({objective})", unit="batch", leave=False,
                disable=not (run.world.is_main and progress), initial=state.batch_in_epoch,
                total=state.batch_in_epoch + len(loader))
     for batch in bar:
@@ -437,9 +432,9 @@ def train_one_epoch(run: Run, state: TrainState, stop: GracefulStop, progress: b
         words_seen += int(stepped[0])
         words_per_s = words_seen / (time.perf_counter() - started)
         bar.set_postfix(loss=f"{losses['loss'].item():.3f}", words_s=f"{words_per_s:.0f}")
-        if state.step % train["log_every"] == 0:
+        if state.step % train.log_every == 0:
             log_step(run, state, losses, words_per_s, objective)
-        if train["checkpoint_every"] and state.step % train["checkpoint_every"] == 0:
+        if train.checkpoint_every and state.step % train.checkpoint_every == 0:
             run.save(state)
         if stepped[1]:
             return False
@@ -447,12 +442,12 @@ def train_one_epoch(run: Run, state: TrainState, stop: GracefulStop, progress: b
     return True
 
 
-def validate(model, val_set: CaptionDataset, vocab: Vocabulary, config: dict, world: World = World()) -> dict[str, float]:
+def validate(model, val_set: CaptionDataset, vocab: Vocabulary, config: Config, world: World = World()) -> dict[str, float]:
     """Decode validation images (beam ``train.val_beam``) and score them: BLEU-1..4, ROUGE-L, CIDEr.
     Each rank decodes its share of the images; the captions are gathered so every rank gets the same scores."""
-    train = config["train"]
-    generations = generate_captions(model, val_set, vocab, DecodeConfig.of(config, beam=train["val_beam"]),
-                                    batch_size=train["batch_size"], max_images=train["val_max_images"],
+    train = config.train
+    generations = generate_captions(model, val_set, vocab, DecodeConfig.of(config, beam=train.val_beam),
+                                    batch_size=train.batch_size, max_images=train.val_max_images,
                                     shard=(world.rank, world.size))
     texts = merge_dicts(caption_texts(generations, vocab), world)
     references = {r.image_id: r.captions for r in val_set.records if r.image_id in texts}
@@ -461,46 +456,46 @@ def validate(model, val_set: CaptionDataset, vocab: Vocabulary, config: dict, wo
 
 def end_epoch(run: Run, state: TrainState) -> bool:
     """Validate, keep the best checkpoint, save ``last``; returns False when early stopping ends the run."""
-    train = run.config["train"]
+    train = run.config.train
     if state.step == 0:     # nothing learnt: a checkpoint now would be an untrained model called best.pt
         raise CaptionerError(f"{run.dir}: a whole epoch without one training step: every batch was skipped "
                              f"({len(state.skipped_images)} unreadable images, named above and in metrics.jsonl)")
     scores = validate(run.model, run.val_set, run.vocab, run.config, run.world)
     state.epoch += 1
     state.batch_in_epoch = 0
-    score = scores[train["metric"]]
+    score = scores[train.metric]
     improved = score > state.best
     state.best, state.stale = (score, 0) if improved else (state.best, state.stale + 1)
     run.logger.log({"type": "val", "step": state.step, "epoch": state.epoch, "words_per_s": state.words_per_s, **scores})
     if run.world.is_main:
-        tqdm.write(f"epoch {state.epoch}/{train['epochs']}: " + " ".join(f"{k} {v:.3f}" for k, v in scores.items())
+        tqdm.write(f"epoch {state.epoch}/{train.epochs}: " + " ".join(f"{k} {v:.3f}" for k, v in scores.items())
                    + f" | {state.words_per_s or 0:.0f} words/s" + (" (best)" if improved else ""))
     run.save(state)
     if improved:
         run.save(state, "best")
     if stopped_early(state, train):
-        tqdm.write(f"early stop: no {train['metric']} gain for {state.stale} epochs")
+        tqdm.write(f"early stop: no {train.metric} gain for {state.stale} epochs")
         return False
     return True
 
 
-def stopped_early(state: TrainState, train: dict) -> bool:
+def stopped_early(state: TrainState, train: TrainConfig) -> bool:
     """True once ``train.early_stopping`` epochs in a row brought no gain (a resumed run that had stopped early
     trains no further)."""
-    return bool(train["early_stopping"]) and state.stale >= train["early_stopping"]
+    return bool(train.early_stopping) and state.stale >= train.early_stopping
 
 
-def prepare_feature_cache(config: dict, world: World) -> None:
+def prepare_feature_cache(config: Config, world: World) -> None:
     """Training from ``data.features`` that holds no cache yet, or an unfinished one: cache the encoder's
     features of the data's splits first (resumable), so that a run needs no separate ``cache-features`` step.
     Under torchrun the cache must be made beforehand (the other ranks would wait on rank 0 for hours)."""
-    folder = config["data"]["features"]
+    folder = config.data.features
     if not folder or cache_is_complete(folder):
         return
     if world.distributed:
         raise CaptionerError(f"{folder}: no finished feature cache; make it before starting torchrun "
                              "(captioner cache-features CONFIG)")
-    splits = available_splits(config["data"])
+    splits = available_splits(config.data)
     log.info("%s: no finished feature cache; caching the encoder's features of %s first (resumable)", folder,
              ", ".join(splits))
     result = cache_features(config, splits)
@@ -508,26 +503,26 @@ def prepare_feature_cache(config: dict, world: World) -> None:
         log.warning("%s: %d unreadable image(s) left out (listed in failed.json)", folder, len(result["failed"]))
 
 
-def train(config: dict, *, resume: bool = False, overwrite: bool = False, progress: bool = True) -> dict:
+def train(config: Config, *, resume: bool = False, overwrite: bool = False, progress: bool = True) -> dict:
     """Train a model as ``config`` says; returns ``{"best": score, "checkpoint": path, "train_seconds": s, ...}``
     (``stopped``: True when a signal stopped it part-way, with a resumable ``last.pt`` saved). ``progress``:
     False turns the per-batch progress bar off (the epoch lines stay).
 
     Under torchrun every rank calls this: ``train.batch_size`` is the global batch, split evenly over the
     ranks; rank 0 alone writes the run folder."""
-    world, device = setup(config["run"]["device"])
+    world, device = setup(config.run.device)
     try:
         return _train(config, world, device, resume=resume, overwrite=overwrite, progress=progress)
     finally:
         teardown(world)
 
 
-def _train(config: dict, world: World, device: torch.device, *, resume: bool, overwrite: bool, progress: bool) -> dict:
-    run_dir = Path(config["run"]["out"])
+def _train(config: Config, world: World, device: torch.device, *, resume: bool, overwrite: bool, progress: bool) -> dict:
+    run_dir = Path(config.run.out)
     prepare_run_dir(run_dir, resume=resume, overwrite=overwrite, world=world)
     config, initial = initial_checkpoint(config)
     prepare_feature_cache(config, world)      # before seeding: its loader draws from the global generator
-    seed_everything(config["run"]["seed"])
+    seed_everything(config.run.seed)
     checkpoint = resumable_checkpoint(config, run_dir / "last.pt") if resume else None
     run = build_run(config, world, device, checkpoint, None if checkpoint else initial)
     if not resume:
@@ -541,7 +536,7 @@ def _train(config: dict, world: World, device: torch.device, *, resume: bool, ov
     stopped = False
     try:
         with GracefulStop() as stop:
-            while state.epoch < config["train"]["epochs"] and not stopped_early(state, config["train"]):
+            while state.epoch < config.train.epochs and not stopped_early(state, config.train):
                 if not train_one_epoch(run, state, stop, progress):
                     run.save(state)
                     stopped = True
@@ -553,7 +548,7 @@ def _train(config: dict, world: World, device: torch.device, *, resume: bool, ov
         run.logger.close()
     state.train_seconds = run.seconds_before + time.perf_counter() - run.started
     best = run_dir / "best.pt"
-    return {"best": state.best, "metric": config["train"]["metric"], "epochs": state.epoch, "step": state.step,
+    return {"best": state.best, "metric": config.train.metric, "epochs": state.epoch, "step": state.step,
             "train_seconds": state.train_seconds, "stopped": stopped,
             "checkpoint": str(best if best.exists() else run_dir / "last.pt"), "run_dir": str(run_dir),
             "words_per_s": state.words_per_s, "skipped_images": len(state.skipped_images)}

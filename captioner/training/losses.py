@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from captioner.config import LossConfig
 from captioner.models.decoder import TeacherForced
 from captioner.utils import backward_keeps_graph
 
@@ -97,14 +98,14 @@ def caption_loss(logits: torch.Tensor, targets: torch.Tensor, alpha: torch.Tenso
 class CaptionLoss(nn.Module):
     """The likelihood objective: (label-smoothed) word cross-entropy plus the doubly stochastic term."""
 
-    def __init__(self, loss_config: dict):
+    def __init__(self, loss_config: LossConfig):
         super().__init__()
         self.config = loss_config
 
     def forward(self, out: TeacherForced, targets: torch.Tensor) -> dict[str, torch.Tensor]:
         c = self.config
-        return caption_loss(out.logits, targets, out.alpha, c["doubly_stochastic"], label_smoothing=c["label_smoothing"],
-                            doubly_stochastic_scale=c["doubly_stochastic_scale"])
+        return caption_loss(out.logits, targets, out.alpha, c.doubly_stochastic, label_smoothing=c.label_smoothing,
+                            doubly_stochastic_scale=c.doubly_stochastic_scale)
 
 
 class HardAttentionLoss(nn.Module):
@@ -127,10 +128,8 @@ class HardAttentionLoss(nn.Module):
     the sampled rows; the first batch sets ``b`` before its use, so it starts at the reward's scale.
     """
 
-    def __init__(self, loss_config: dict):
+    def __init__(self, loss_config: LossConfig):
         super().__init__()
-        if loss_config["hard_reward"] not in ("sequence", "per_word"):
-            raise ValueError(f"loss.hard_reward must be sequence or per_word, not {loss_config['hard_reward']!r}")
         self.config = loss_config
         self.register_buffer("baseline", torch.zeros(()))
         self.register_buffer("baseline_updates", torch.zeros((), dtype=torch.long))
@@ -145,7 +144,7 @@ class HardAttentionLoss(nn.Module):
         log_likelihood = torch.zeros(mask.shape, device=mask.device).masked_scatter(mask, word_log_probs).sum(dim=1)
         cross_entropy = -log_likelihood.sum() / words
         sampled = ~out.expectation_rows
-        reward = log_likelihood.detach() / (mask.sum(dim=1).clamp_min(1) if c["hard_reward"] == "per_word" else 1)
+        reward = log_likelihood.detach() / (mask.sum(dim=1).clamp_min(1) if c.hard_reward == "per_word" else 1)
         if self.training and self.baseline_updates == 0 and sampled.any():
             self.baseline.copy_(reward[sampled].mean())    # the first batch sets b instead of comparing with 0
         advantage = (reward - self.baseline) * sampled
@@ -154,14 +153,14 @@ class HardAttentionLoss(nn.Module):
         entropy = (out.entropy.float() * mask).sum() / words
         result = {"cross_entropy": cross_entropy, "words": words, "reinforce": reinforce, "entropy": entropy,
                   "reward": reward.mean(), "baseline": self.baseline.detach().clone()}
-        loss = cross_entropy + reinforce - c["entropy_weight"] * entropy
-        if c["doubly_stochastic"] > 0:
-            result["attention"] = doubly_stochastic_term(out.alpha, mask, c["doubly_stochastic"], c["doubly_stochastic_scale"])
+        loss = cross_entropy + reinforce - c.entropy_weight * entropy
+        if c.doubly_stochastic > 0:
+            result["attention"] = doubly_stochastic_term(out.alpha, mask, c.doubly_stochastic, c.doubly_stochastic_scale)
             loss = loss + result["attention"]
         result["loss"] = loss
         if self.training and sampled.any():
             with torch.no_grad():
-                self.baseline.mul_(c["baseline_decay"]).add_((1 - c["baseline_decay"]) * reward[sampled].mean())
+                self.baseline.mul_(c.baseline_decay).add_((1 - c.baseline_decay) * reward[sampled].mean())
                 self.baseline_updates.add_(1)
         return result
 
@@ -169,6 +168,6 @@ class HardAttentionLoss(nn.Module):
 LOSSES = {"likelihood": CaptionLoss, "hard_attention": HardAttentionLoss}
 
 
-def build_loss(decoder, loss_config: dict) -> nn.Module:
+def build_loss(decoder, loss_config: LossConfig) -> nn.Module:
     """The loss module for ``decoder``'s declared ``objective`` under the config's ``loss`` section."""
     return LOSSES[decoder.objective](loss_config)

@@ -9,8 +9,12 @@ import os
 import secrets
 import signal
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from captioner.utils import write_file
+
+if TYPE_CHECKING:
+    from captioner.config import Config
 
 log = logging.getLogger(__name__)
 
@@ -23,14 +27,14 @@ class MetricsLogger:
 
     ID_FILE = "wandb_run_id"
 
-    def __init__(self, run_dir: Path, config: dict, resume: bool = False, enabled: bool = True):
+    def __init__(self, run_dir: Path, config: Config, resume: bool = False, enabled: bool = True):
         self.path = run_dir / "metrics.jsonl"
         self.enabled = enabled
         if enabled:
             self._drop_partial_last_line()
         self.wandb = None
-        train = config["train"]
-        if enabled and train["wandb"] != "disabled":
+        train = config.train
+        if enabled and train.wandb != "disabled":
             import wandb  # imported only when used: it takes seconds and starts background threads
 
             os.environ.setdefault("WANDB_SILENT", "true")
@@ -39,9 +43,9 @@ class MetricsLogger:
             if run_id is None:
                 run_id = secrets.token_hex(4)
                 write_file(id_file, run_id + "\n")
-            self.wandb = wandb.init(project=train["wandb_project"], entity=train["wandb_entity"],
-                                    tags=list(train["wandb_tags"]), dir=str(run_dir), config=config,
-                                    mode=train["wandb"], name=run_dir.name, id=run_id, resume="allow",
+            self.wandb = wandb.init(project=train.wandb_project, entity=train.wandb_entity,
+                                    tags=list(train.wandb_tags), dir=str(run_dir), config=config.to_dict(),
+                                    mode=train.wandb, name=run_dir.name, id=run_id, resume="allow",
                                     reinit="finish_previous")
 
     def _drop_partial_last_line(self) -> None:

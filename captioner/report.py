@@ -31,13 +31,12 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from captioner.checkpoint import load_checkpoint, load_model
+from captioner.checkpoint import load_checkpoint
 from captioner.decoding.search import DecodeConfig
 from captioner.errors import CaptionerError
 from captioner.evaluation.attention_stats import attention_statistics
 from captioner.evaluation.evaluate import evaluate_checkpoint, split_dataset
-from captioner.evaluation.generate import generate_captions
-from captioner.inference import attend_file
+from captioner.predictor import Predictor
 from captioner.utils import file_sha256, write_file
 
 log = logging.getLogger(__name__)
@@ -115,8 +114,8 @@ def collect_run(run_dir: Path, name: str, split: str, beam_size: int | None, sta
     these settings (see the module's docstring)."""
     checkpoint = _checkpoint_of(run_dir)
     metrics = _read_metrics(run_dir)
-    model, vocab, config, _ = load_model(checkpoint)
-    settings = DecodeConfig.of(config, beam=beam_size)
+    predictor = Predictor.load(checkpoint, beam=beam_size)
+    model, vocab, config, settings = predictor.model, predictor.vocab, predictor.config, predictor.settings
     scores = _stored_scores(run_dir / f"scores_{split}.json", checkpoint, settings)
     if scores is None:
         scores = evaluate_checkpoint(checkpoint, split, beam_size=beam_size, out_dir=run_dir, progress=False)
@@ -124,11 +123,11 @@ def collect_run(run_dir: Path, name: str, split: str, beam_size: int | None, sta
     progress = load_checkpoint(last if last.exists() else checkpoint).get("progress", {})
     val = [m for m in metrics if m.get("type") == "val"]
     dataset = split_dataset(config, split, vocab, model)
-    generations = generate_captions(model, dataset, vocab, settings, max_images=stats_images)
+    generations = predictor.generate(dataset, max_images=stats_images)
     stats = attention_statistics(generations) or {"coverage": []}
     stats.update({k: v for k, v in (scores.get("attention") or {}).items() if k != "coverage"})  # the whole split's
     return {
-        "name": name, "dir": run_dir, "checkpoint": checkpoint, "config": config, "model": model,
+        "name": name, "dir": run_dir, "checkpoint": checkpoint, "config": config, "predictor": predictor, "model": model,
         "vocab": vocab, "settings": settings, "scores": scores, "metrics": metrics, "stats": stats,
         "train_seconds": progress.get("train_seconds"),
         "parameters": sum(p.numel() for p in model.decoder.parameters()),   # trained weights, buffers excluded
@@ -169,7 +168,7 @@ def learning_curves(runs: list[dict], path: Path) -> Path:
     figure = Figure(figsize=(16 if rewarded else 11, 3.6))
     axes = figure.subplots(1, 3 if rewarded else 2)
     loss_ax, val_ax = axes[0], axes[1]
-    metric = runs[0]["config"]["train"]["metric"]
+    metric = runs[0]["config"].train.metric
     for run in runs:
         crossed = [m for m in steps[run["name"]] if "cross_entropy" in m]
         val = [m for m in run["metrics"] if m.get("type") == "val"]
@@ -233,8 +232,7 @@ def example_figures(runs: list[dict], records, out_dir: Path) -> list[dict]:
         for number, run in enumerate(runs, 1):
             safe_name = re.sub(r"[^\w.-]", "_", run["name"])
             figure = out_dir / f"attention_{number}_{safe_name}_{record.image_id}.png"
-            result = attend_file(run["model"], run["vocab"], record.path, figure, run["settings"],
-                                 max_pixels=run["config"]["data"]["max_pixels"], title=f"{run['name']}: ")
+            result = run["predictor"].attend(record.path, figure, title=f"{run['name']}: ")
             row["runs"].append({"name": run["name"], "caption": result.caption, "figure": figure})
         examples.append(row)
     return examples

@@ -1,0 +1,38 @@
+"""The ``data`` section of a config: captions, images, vocabulary and the feature cache (read by the readers, the
+vocabulary, the datasets and the feature cache; assembled into the whole config by :mod:`captioner.config`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from captioner.errors import CaptionerError
+from captioner.settings import check_settings, setting
+
+
+@dataclass
+class DataConfig:
+    """The ``data`` section: captions, images, vocabulary and the feature cache."""
+
+    format: str = setting("coco", "coco: official captions JSON per split; karpathy: one split file",
+                          choices=("coco", "karpathy"))
+    captions: dict[str, str] = setting({}, "coco: {split: captions_*.json}")
+    images: dict[str, str] = setting({}, "coco: {split: image folder that file_name is relative to}")
+    instances: dict[str, str] = setting({}, "optional {split: instances_*.json}: shapes measures, attention grounding")
+    karpathy: str | None = setting(None, "karpathy: dataset_{coco,flickr8k,flickr30k}.json")
+    image_root: str | None = setting(None, "karpathy: folder that each entry's filepath/filename is relative to")
+    restval: str = setting("train", "karpathy: the split that 'restval' images join", choices=("train", "val", "test"))
+    features: str | None = setting(None, "feature cache folder (captioner cache-features); None = raw images")
+    vocab: str | None = setting(None, "a vocabulary file (captioner data vocab); None = built from the train split")
+    vocab_min_count: int = setting(5, "words seen fewer times in the train captions become <unk>", minimum=1)
+    vocab_max_size: int | None = setting(None, "at most this many words (specials included); None = no limit",
+                                         minimum=5)
+    max_caption_length: int = setting(20, "words; longer captions are cut", minimum=1)
+    num_workers: int = setting(0, "DataLoader worker processes (persistent; pinned memory on CUDA)", minimum=0)
+    max_pixels: int = setting(64_000_000, "images with more pixels are refused before decoding", minimum=1)
+    strict: bool = setting(False, "unreadable images stop the run instead of being skipped")
+    bucket_by_length: bool = setting(False, "batches of similar caption length (less padding), order still random")
+
+    def check(self) -> None:
+        check_settings(self, "data")
+        if self.format == "karpathy" and bool(self.karpathy) != bool(self.image_root):
+            raise CaptionerError("data.format karpathy needs both data.karpathy and data.image_root")

@@ -1,0 +1,34 @@
+"""``captioner cache-features``: run a config's frozen encoder over the images of its splits into a feature cache
+(:mod:`captioner.data.feature_cache`), which training and evaluation then read instead of the images. Above
+the models and the data: it builds the encoder the config names."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from pathlib import Path
+
+from captioner.config import Config
+from captioner.data.feature_cache import build_feature_cache
+from captioner.data.images import image_transform
+from captioner.data.readers import read_splits
+from captioner.errors import CaptionerError
+from captioner.models.encoder import build_encoder
+from captioner.utils import resolve_device
+
+
+def cache_features(config: Config, splits: Sequence[str], folder: str | Path | None = None, *, batch_size: int = 32,
+                   dtype: str = "float16", progress: bool = True) -> dict:
+    """Cache the config's frozen encoder's features of every image of ``splits`` into ``folder`` (default
+    ``data.features``): what ``captioner cache-features`` and the demo run. Returns
+    :func:`build_feature_cache`'s summary plus ``folder``."""
+    folder = folder or config.data.features
+    if not folder:
+        raise CaptionerError("cache-features: set data.features in the config (or pass --out DIR)")
+    by_split = read_splits(config.data, splits)     # a Karpathy file parsed once for every split
+    records = [r for split in splits for r in by_split[split]]
+    encoder = build_encoder(config.encoder).to(resolve_device(config.run.device))
+    result = build_feature_cache(encoder, records, folder, transform=image_transform(encoder), batch_size=batch_size,
+                                 num_workers=config.data.num_workers, max_pixels=config.data.max_pixels,
+                                 dtype=dtype, encoder_config=dataclasses.asdict(config.encoder), splits=splits, progress=progress)
+    return {**result, "folder": str(folder)}

@@ -1,0 +1,213 @@
+"""The one way from trained weights to captions: a :class:`Predictor` holds a checkpoint's model, vocabulary,
+config, the encoder's image transform and the decode settings, prepared once (eval mode, BatchNorms folded into
+the convolutions, channels-last, the decoding step compiled when ``decode.compile`` asks). ``captioner caption``,
+``attend``, ``evaluate``, ``ground`` and ``compare``, the demo, ``captioner serve`` and its decoding process all
+caption through it, and it is the Python API::
+
+    from captioner import Predictor
+
+    predictor = Predictor.load("runs/demo/soft/best.pt", beam=3, n_best=3)
+    for result in predictor.caption(["a.jpg", "b.jpg"]):
+        print(result.caption, result.log_prob, [beam.caption for beam in result.beams])
+        print(result.attention["alpha"].shape)          # (words, gh, gw): where it looked for each word
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, NamedTuple
+
+import torch
+from PIL import Image
+
+from captioner.checkpoint import load_model
+from captioner.data.images import image_transform, load_image
+from captioner.data.vocabulary import Vocabulary
+from captioner.decoding.ensemble import ensemble_of
+from captioner.decoding.search import DecodeConfig, Generation, decode
+from captioner.errors import CaptionerError, ImageError
+from captioner.evaluation.generate import generate_captions
+from captioner.evaluation.grounding import boxes_of_named_objects
+from captioner.models.captioner import Captioner, compile_decoder
+
+if TYPE_CHECKING:
+    from captioner.config import Config
+    from captioner.data.dataset import CaptionDataset
+
+
+class Beam(NamedTuple):
+    """One of the n best captions of an image: its text and total log-probability (``<end>`` included)."""
+
+    caption: str
+    log_prob: float
+
+
+@dataclass
+class CaptionResult:
+    """The caption of one image, or the reason it could not be read (``error``)."""
+
+    path: Path | None
+    caption: str | None = None
+    words: list[str] | None = None
+    generation: Generation | None = None
+    error: str | None = None
+    grid: tuple[int, int] = (0, 0)
+    beams: list[Beam] = dataclasses.field(default_factory=list)
+
+    @property
+    def log_prob(self) -> float | None:
+        """The caption's total log-probability (``<end>`` included)."""
+        return None if self.generation is None else self.generation.log_prob
+
+    @property
+    def attention(self) -> dict[str, torch.Tensor]:
+        """Each word's attention maps over the region grid, ``(words, gh, gw)``: ``"alpha"`` (the weights; for a
+        Transformer its cross-attention) and, for hard attention, ``"chosen"`` (the sampled cell)."""
+        if self.generation is None:
+            return {}
+        return {name: attention_maps(self.generation, self.grid, name) for name in self.generation.attention}
+
+
+def attention_maps(generation: Generation, grid: tuple[int, int], name: str = "alpha") -> torch.Tensor | None:
+    """The per-word maps ``name`` of a generation as ``(T, gh, gw)`` (None when the decoder has none)."""
+    maps = generation.attention.get(name)
+    return None if maps is None else maps.reshape(-1, *grid)
+
+
+class Predictor:
+    """A trained captioner prepared for captioning (see the module's docstring). ``settings`` are the decode
+    settings every call uses unless it passes its own; ``max_pixels``, the largest image it reads."""
+
+    def __init__(self, model: Captioner, vocab: Vocabulary, config: Config, *, settings: DecodeConfig | None = None,
+                 max_pixels: int | None = None, checkpoints: Sequence[Path] = ()):
+        self.model, self.vocab, self.config = model.eval(), vocab, config
+        self.settings = settings or DecodeConfig.of(config)
+        self.settings.check()
+        self.max_pixels = max_pixels or config.data.max_pixels
+        self.checkpoints = tuple(checkpoints)
+        self.transform = image_transform(model.encoder)
+
+    @classmethod
+    def load(cls, checkpoints: str | Path | Sequence[str | Path], *, device: str | torch.device = "cpu",
+             overrides: Sequence[str] = (), beam: int | None = None, n_best: int | None = None,
+             max_pixels: int | None = None) -> Predictor:
+        """The predictor of a checkpoint, or of several decoded together as an ensemble (the first one's encoder,
+        data and decode settings). ``overrides`` (``section.key=value``) change each checkpoint's config
+        (decoding and data settings freely; model settings must still fit the weights); ``beam``, ``n_best`` and
+        ``max_pixels`` replace ``decode.beam``, ``decode.n_best`` and ``data.max_pixels``."""
+        paths = [Path(checkpoints)] if isinstance(checkpoints, (str, Path)) else [Path(p) for p in checkpoints]
+        if not paths:
+            raise CaptionerError("no checkpoint given")
+        loaded = [load_model(path, device, overrides) for path in paths]
+        decoder, vocab = ensemble_of([m for m, *_ in loaded], [v for _, v, *_ in loaded], [c for _, _, c, _ in loaded],
+                                     [str(p) for p in paths])
+        first, _, config, _ = loaded[0]
+        model = first if len(loaded) == 1 else Captioner(first.encoder, decoder).eval()
+        if config.decode.compile:
+            compile_decoder(model.decoder, mode="reduce-overhead" if model.device.type == "cuda" else None,
+                            targets=("step",))
+        return cls(model, vocab, config, settings=DecodeConfig.of(config, beam=beam, n_best=n_best),
+                   max_pixels=max_pixels, checkpoints=paths)
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        """The encoder's region grid ``(gh, gw)``, over which every attention map lies."""
+        return tuple(self.model.encoder.grid)
+
+    @property
+    def image_size(self) -> tuple[int, int]:
+        """The encoder's input size ``(H, W)``."""
+        return tuple(self.model.encoder.image_size)
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    def with_settings(self, **changes) -> Predictor:
+        """This predictor (the same model, not a copy) with decode settings changed (None values ignored)."""
+        twin = object.__new__(Predictor)
+        twin.__dict__.update(self.__dict__)
+        twin.settings = dataclasses.replace(self.settings, **{k: v for k, v in changes.items() if v is not None})
+        twin.settings.check()
+        return twin
+
+    @torch.inference_mode()
+    def decode_images(self, images: torch.Tensor, names: Sequence[str] | None = None,
+                      settings: DecodeConfig | None = None) -> list[Generation]:
+        """The captions of ``images`` (B, 3, H, W), floats in [0, 1] at the encoder's input size, as one batch.
+        ``names`` identify the images for seeded sampling (the same draws batched or not)."""
+        settings = settings or self.settings
+        regions = self.model.regions(images=images.to(self.device))
+        return decode(self.model.decoder, regions, self.vocab, settings, images=None if names is None else list(names))
+
+    def caption(self, images: Sequence[str | Path | Image.Image], *, batch_size: int = 16) -> list[CaptionResult]:
+        """Caption image files (or PIL images) in batches. A file that cannot be read gets its ``error`` and
+        the others go on."""
+        results, readable = [], []
+        for index, image in enumerate(images):
+            result = CaptionResult(None if isinstance(image, Image.Image) else Path(image), grid=self.grid)
+            results.append(result)
+            try:
+                picture = image.convert("RGB") if isinstance(image, Image.Image) else load_image(
+                    result.path, max_pixels=self.max_pixels)
+                readable.append((result, self.transform(picture), str(result.path or f"image {index}")))
+            except ImageError as err:
+                result.error = str(err)
+        for start in range(0, len(readable), batch_size):
+            chunk = readable[start : start + batch_size]
+            generations = self.decode_images(torch.stack([x for _, x, _ in chunk]), [name for *_, name in chunk])
+            for (result, _, _), generation in zip(chunk, generations):
+                result.generation = generation
+                result.words = [self.vocab.words[i] for i in generation.tokens]
+                result.caption = " ".join(result.words)
+                result.beams = [Beam(self.vocab.decode(b.tokens), b.log_prob) for b in generation.beams or [generation]]
+        return results
+
+    def attend(self, image: str | Path, out: str | Path, *, instances: str | Path | None = None,
+               title: str = "") -> CaptionResult:
+        """Caption ``image`` and draw the paper-style attention figure into ``out``: the image, then each word's
+        map (hard attention: its chosen cell too); with a COCO ``instances`` file, each word's panel outlines the
+        boxes of the object it names. Raises :class:`~captioner.errors.ImageError` for an unreadable image."""
+        (result,) = self.caption([image])
+        if result.error:
+            raise ImageError(result.error)
+        boxes = boxes_of_named_objects(instances, image, result.words) if instances else None
+        draw_generation_figure(load_image(image, max_pixels=self.max_pixels), result.words, result.generation,
+                               self.grid, out, name=str(image), boxes=boxes, title=title + result.caption)
+        return result
+
+    def generate(self, dataset: CaptionDataset, *, max_images: int | None = None,
+                 progress: bool = False) -> dict[int, Generation]:
+        """The captions of a dataset's images (of its split, as evaluation decodes them), by image id."""
+        return generate_captions(self.model, dataset, self.vocab, self.settings, max_images=max_images,
+                                 progress=progress)
+
+
+def caption_json(result: CaptionResult, digits: int = 5) -> dict:
+    """One captioned file as plain data: the caption, its words and log-probability, each word's attention
+    maps as ``gh x gw`` nested lists (``"alpha"``; ``"chosen"`` for hard attention), and, with ``decode.n_best``
+    above 1, the n best captions."""
+    maps = {name: [[[round(v, digits) for v in row] for row in word] for word in words.tolist()]
+            for name, words in result.attention.items()}
+    beams = result.beams if result.generation.beams else []
+    return {"image": str(result.path), "caption": result.caption, "words": result.words,
+            "log_prob": round(result.log_prob, 4), "grid": list(result.grid), "attention": maps,
+            "beams": [{"caption": b.caption, "log_prob": round(b.log_prob, 4)} for b in beams]}
+
+
+def draw_generation_figure(image: Image.Image, words: list[str], generation: Generation, grid: tuple[int, int],
+                           out: str | Path, *, name: str, boxes=None, title: str = "") -> Path:
+    """The paper-style figure of ``generation`` (its ``words``) on ``image`` into ``out``, the decoder's maps
+    over its ``grid``; raises :class:`~captioner.errors.CaptionerError` (naming ``name``) when it has none."""
+    # imported here: matplotlib takes ~0.4 s to import, a tenth of `captioner caption`'s whole run
+    from captioner.visualisation.attention_figure import draw_attention_figure
+
+    alpha = attention_maps(generation, grid, "alpha")
+    chosen = attention_maps(generation, grid, "chosen")
+    if alpha is None:
+        raise CaptionerError(f"{name}: this model's decoder reports no attention maps to draw")
+    return draw_attention_figure(image, words, alpha.numpy(), out, boxes=boxes,
+                                 chosen=None if chosen is None else chosen.numpy(), title=title)

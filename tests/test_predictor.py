@@ -1,0 +1,80 @@
+"""The Python API, `captioner.Predictor`: the one way every command captions, and what it returns."""
+
+import json
+
+import pytest
+import torch
+from PIL import Image
+
+from captioner import Predictor
+from captioner.cli import main
+from captioner.models import captioner as registry
+
+
+@pytest.fixture(scope="module")
+def images(tiny_coco):
+    return sorted((tiny_coco / "images" / "test").glob("*.png"))[:5]
+
+
+@pytest.mark.parametrize("name", ["soft", "hard", "transformer"])
+def test_captions_n_best_and_attention_per_word(served_checkpoints, images, name):
+    predictor = Predictor.load(served_checkpoints[name], beam=3, n_best=3)
+    results = predictor.caption(images)
+    assert [r.path for r in results] == images and predictor.grid == (2, 2)
+    for result in results:
+        assert result.error is None and result.caption == " ".join(result.words)
+        assert result.caption == result.beams[0].caption and result.log_prob == result.beams[0].log_prob
+        assert len(result.beams) == 3 and [b.log_prob for b in result.beams] == sorted(
+            [b.log_prob for b in result.beams], reverse=True)
+        alpha = result.attention["alpha"]
+        assert alpha.shape == (len(result.words), 2, 2)                # one map per word
+        torch.testing.assert_close(alpha.sum((1, 2)), torch.ones(alpha.shape[0]))
+        assert ("chosen" in result.attention) == (name == "hard")
+
+
+def test_batched_equals_one_by_one_and_a_pil_image_equals_its_file(served_checkpoints, images):
+    predictor = Predictor.load(served_checkpoints["soft"], beam=2)
+    together = predictor.caption(images, batch_size=4)
+    for path, result in zip(images, together):
+        (alone,) = predictor.caption([path])
+        (picture,) = predictor.caption([Image.open(path)])
+        assert alone.words == result.words == picture.words
+        assert alone.log_prob == pytest.approx(result.log_prob, abs=1e-5)
+        torch.testing.assert_close(alone.attention["alpha"], result.attention["alpha"], atol=1e-5, rtol=1e-5)
+
+
+def test_an_unreadable_file_is_named_and_the_others_are_captioned(served_checkpoints, images, tmp_path):
+    broken = tmp_path / "broken.png"
+    broken.write_bytes(b"not an image")
+    results = Predictor.load(served_checkpoints["soft"]).caption([images[0], broken, images[1]])
+    assert [r.error is None for r in results] == [True, False, True] and "broken.png" in results[1].error
+
+
+def test_the_command_line_captions_through_it(served_checkpoints, images, capsys):
+    checkpoint = served_checkpoints["transformer"]
+    expected = Predictor.load(checkpoint, beam=2, n_best=2).caption(images[:2])
+    assert main(["caption", *map(str, images[:2]), "--checkpoint", checkpoint, "--beam", "2", "--n-best", "2",
+                 "--json"]) == 0
+    printed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [p["caption"] for p in printed] == [r.caption for r in expected]
+    assert [[b["caption"] for b in p["beams"]] for p in printed] == [[b.caption for b in r.beams] for r in expected]
+
+
+def test_decode_compile_is_honoured_wherever_a_predictor_is_loaded(served_checkpoints, monkeypatch):
+    compiled = []
+    monkeypatch.setattr("captioner.predictor.compile_decoder", lambda decoder, mode=None, targets=None:
+                        compiled.append(targets))
+    Predictor.load(served_checkpoints["soft"], overrides=["decode.compile=true"])
+    assert compiled == [("step",)]
+    Predictor.load(served_checkpoints["soft"])
+    assert compiled == [("step",)]
+
+
+def test_an_ensemble_and_other_settings_share_the_model(served_checkpoints, images):
+    ensemble = Predictor.load([served_checkpoints["soft"], served_checkpoints["hard"]], beam=1)
+    assert type(ensemble.model.decoder).__name__ == "EnsembleDecoder"
+    assert all(r.caption is not None for r in ensemble.caption(images[:2]))
+    predictor = Predictor.load(served_checkpoints["soft"], beam=3)
+    greedy = predictor.with_settings(beam=1)
+    assert greedy.model is predictor.model and (greedy.settings.beam, predictor.settings.beam) == (1, 3)
+    assert registry.entry_of(predictor.model.decoder).label == "LSTM"
