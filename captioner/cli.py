@@ -420,8 +420,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--runs", nargs="+", metavar="RUN", help="train only these runs (default: all of soft, "
                       "none, hard, transformer, soft_scst; soft_scst needs soft, trained now or before)")
     demo.add_argument("--processes", type=_positive_int, default=None,
-                      help="processes each run trains on, data parallel, one after the other (default: one per usable "
-                           "CPU core, at most 4, with the cores shared as torch threads; 1 with a GPU); 1: in this process")
+                      help="worker processes the runs train on: the first run on all of them, data parallel, then the "
+                           "others side by side, one each (default: one per usable CPU core, at most 4; 1 with a GPU); "
+                           "1: one after the other in this process")
     demo.add_argument("--resume", action="store_true", help="continue each run from its last.pt where it has one "
                       "(after Ctrl-C: the same result as a demo never stopped) instead of starting it over")
     demo.set_defaults(func=_cmd_demo)

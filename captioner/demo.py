@@ -7,11 +7,11 @@ Runs ``configs/demo_{name}.yaml`` for each name in ``DEMO_RUNS`` with the same s
 evaluates each on the held-out test split (beam: the configs' decode.beam), captions a few test images with attention
 figures, compares the runs (``captioner compare``) and writes ``{out}/summary.json``.
 
-On a CPU each run trains on several worker processes at once, data parallel (gloo, as under torchrun: the same
-global batch split between them), one per usable core with one torch thread each: the demo's small LSTM steps
-use a second thread poorly, and a second process well. So the runs train one after the other, each as fast as the
-cores allow, and the soft model and its attention figures are ready first. With a GPU (or ``processes=1``) the
-runs train in this process.
+On a CPU the runs train in worker processes, one per usable core (``processes``), each with one torch thread:
+the first run (soft) on all of them at once, data parallel (gloo, as under torchrun: the same global batch split
+between them), so that the soft model and its attention figures are ready first; then the others side by side,
+one process each, where no gradients need summing between processes. With a GPU (or ``processes=1``) the runs
+train one after the other in this process.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import socket
 import sys
 import time
 import traceback
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -145,8 +146,9 @@ def figures_of(name: str, checkpoint: Path, out: Path, started: float) -> list[s
 
 
 def default_processes(configs: dict[str, Config]) -> int:
-    """How many processes each run trains on by default: one with a GPU; on a CPU one per usable core, at most
-    :data:`MAX_PROCESSES`, and a number that divides every run's batch evenly."""
+    """How many worker processes the runs train on by default: one with a GPU; on a CPU one per usable core, at
+    most :data:`MAX_PROCESSES`, and a number that divides every run's batch evenly (the first run splits its batch
+    between them)."""
     if torch.cuda.is_available():
         return 1
     most = min(usable_cores(), MAX_PROCESSES)
@@ -161,8 +163,9 @@ def threads_per_process(processes: int) -> int:
 def run_demo(out: Path, data_dir: Path, fast: bool = False, runs: tuple[str, ...] = DEMO_RUNS,
              seed: int | None = None, processes: int | None = None, resume: bool = False) -> dict:
     """The whole main job; returns (and writes) the summary. ``seed``: every run's ``run.seed`` instead of the
-    configs' (the shapes data stay those of seed 0). ``processes``: how many processes each run trains on, data
-    parallel (default :func:`default_processes`); 1 trains in this process. ``resume``: a run whose folder holds
+    configs' (the shapes data stay those of seed 0). ``processes``: how many worker processes train the runs
+    (default :func:`default_processes`): the first run on all of them, data parallel, the others side by side;
+    1 trains in this process. ``resume``: a run whose folder holds
     a ``last.pt`` continues from it instead of starting over."""
     started = time.perf_counter()
     unknown = sorted(set(runs) - set(DEMO_RUNS))
@@ -199,14 +202,18 @@ def run_demo(out: Path, data_dir: Path, fast: bool = False, runs: tuple[str, ...
     if shown not in runs:                        # kept from an earlier demo: its figures drawn now
         summary["figures"] = figures_of(shown, Path(summary["runs"][shown]["checkpoint"]), out, started)
     processes = processes or default_processes(configs)
-    where = (f"{processes} processes (data parallel, {threads_per_process(processes)} torch thread(s) each)"
-             if processes > 1 else "this process")
-    print(f"\n== training {len(configs)} run(s) one after the other, each on {where} ==", flush=True)
-    for name, config in configs.items():
-        if processes == 1:
+    if processes == 1:
+        print(f"\n== training {len(configs)} run(s) one after the other in this process ==", flush=True)
+        for name, config in configs.items():
             on_finished(name, score_run(name, train_run(name, config, resume=resume), out))
-        else:
-            on_finished(name, train_on_workers(name, config, out, processes, resume=resume))
+    else:
+        names = list(configs)
+        print(f"\n== training {len(configs)} run(s) on {processes} worker processes (one torch thread each): "
+              f"'{names[0]}' on all of them, data parallel"
+              + (", then the others side by side, one process each ==" if len(names) > 1 else " =="), flush=True)
+        plan = [(name, configs[name], processes if index == 0 else 1) for index, name in enumerate(names)]
+        for name, row in train_on_workers(plan, out, processes, resume=resume):
+            on_finished(name, row)
     summary["runs"] = {name: summary["runs"][name] for name in DEMO_RUNS if name in summary["runs"]}
     print("\n== comparison report ==")
     report = write_report([out / name for name in summary["runs"]], out / "report", stats_images=100)
@@ -259,37 +266,58 @@ def finished(name: str, row: dict, started: float) -> dict:
     return {**row, "done_after_seconds": round(elapsed, 1)}
 
 
-def train_on_workers(name: str, config: Config, out: Path, processes: int, resume: bool = False) -> dict:
-    """Train run ``name`` on ``processes`` worker processes, data parallel over gloo on this machine (the ranks
-    torchrun would start: each a share of the global batch, every step's gradients summed), each with
-    :func:`threads_per_process` torch threads; rank 0 then scores it with every usable core. Returns its row.
+def train_on_workers(plan: list[tuple[str, Config, int]], out: Path, slots: int,
+                     resume: bool = False) -> Iterator[tuple[str, dict]]:
+    """Train and score each run of ``plan`` (name, config, processes) on worker processes, ``slots`` of them at
+    a time, each with :func:`threads_per_process` torch threads: a run on several processes trains data parallel
+    over gloo on this machine (the ranks torchrun would start: each a share of the global batch, every step's
+    gradients summed); rank 0 then scores it with the cores its run held. Runs start in ``plan``'s order as slots
+    come free, a run that starts from another (``STARTS_FROM``) once that one is done. Yields ``(name, row)`` as
+    each run finishes.
 
     The workers live in a process group of their own: Ctrl-C (or SIGTERM) reaches this process alone, which then
-    sends SIGTERM to the workers, so that the run saves a resumable ``last.pt`` and stops; a worker that fails
-    stops the others, and its error is raised here."""
+    sends SIGTERM to the workers, so that each run in training saves a resumable ``last.pt`` and stops; a worker
+    that fails stops the others, and its error is raised here."""
+    if any(size > slots for _, _, size in plan):
+        raise ValueError(f"a run of the plan needs more than the {slots} worker slot(s)")
     context = multiprocessing.get_context("spawn")
-    port, threads = free_port(), threads_per_process(processes)
-    workers = {}            # the receiving end of a worker's pipe -> its process
-    for rank in range(processes):
-        receiver, sender = context.Pipe(duplex=False)
-        process = context.Process(target=train_in_worker, name=f"demo-{name}-{rank}",
-                                  args=(name, config, out, resume, rank, processes, port, threads, sender))
-        process.start()
-        sender.close()
-        workers[receiver] = process
-    row = None
+    threads = threads_per_process(slots)
+    waiting = list(plan)
+    running: dict = {}              # the receiving end of a worker's pipe -> (run name, its process)
+    pending: dict[str, int] = {}    # run -> ranks still running
+    rows: dict[str, dict] = {}
     with sigterm_as_keyboard_interrupt():
         try:
-            while workers:
-                for receiver in multiprocessing.connection.wait(list(workers)):
-                    process = workers.pop(receiver)
+            while waiting or running:
+                started_one = True
+                while started_one:
+                    started_one = False
+                    busy = sum(1 for _ in running)
+                    unfinished = {name for name, *_ in waiting} | set(pending)
+                    for index, (name, config, size) in enumerate(waiting):
+                        if STARTS_FROM.get(name) in unfinished or size > slots - busy:
+                            continue
+                        port = free_port()
+                        for rank in range(size):
+                            receiver, sender = context.Pipe(duplex=False)
+                            process = context.Process(target=train_in_worker, name=f"demo-{name}-{rank}", args=(
+                                name, config, out, resume, rank, size, port, threads, sender))
+                            process.start()
+                            sender.close()
+                            running[receiver] = (name, process)
+                        pending[name] = size
+                        del waiting[index]
+                        started_one = True
+                        break
+                for receiver in multiprocessing.connection.wait(list(running)):
+                    name, process = running.pop(receiver)
                     try:
                         outcome = receiver.recv()
                     except EOFError:                # it died without a word
                         outcome = ("ended", None)
                     process.join()
                     if outcome[0] == "row":
-                        row = outcome[1]
+                        rows[name] = outcome[1]
                     elif outcome[0] == "error":
                         raise outcome[1]
                     elif outcome[0] == "interrupted":
@@ -297,10 +325,13 @@ def train_on_workers(name: str, config: Config, out: Path, processes: int, resum
                     elif outcome[0] != "trained":
                         raise CaptionerError(f"{out / name}: worker process {process.name} of demo run '{name}' ended "
                                              f"abruptly (exit code {process.exitcode}: killed, or out of memory?)")
+                    pending[name] -= 1
+                    if not pending[name]:
+                        del pending[name]
+                        yield name, rows.pop(name)
         except BaseException:
-            stop_workers(list(workers.values()))
+            stop_workers([process for _, process in running.values()])
             raise
-    return row
 
 
 def stop_workers(processes: list, grace_seconds: float = 60.0) -> None:
@@ -327,16 +358,17 @@ def free_port() -> int:
 def train_in_worker(name: str, config: Config, out: Path, resume: bool, rank: int, size: int, port: int, threads: int,
                     sender) -> None:
     """A worker process of :func:`train_on_workers`: rank ``rank`` of ``size`` (torchrun's environment variables
-    set for it), with ``threads`` torch threads, no progress bars and each printed line prefixed by ``[name]``.
-    Rank 0 sends ``("row", row)`` after scoring the run with every usable core, the others ``("trained", None)``;
-    any of them ``("error", error)`` or ``("interrupted", None)``.
+    set for it when ``size`` > 1), with ``threads`` torch threads, no progress bars and each printed line prefixed
+    by ``[name]``. Rank 0 sends ``("row", row)`` after scoring the run with the cores of all its ranks, the others
+    ``("trained", None)``; any of them ``("error", error)`` or ``("interrupted", None)``.
 
     SIGTERM stops it: in training, after saving a resumable ``last.pt``; in evaluation, at once."""
     if hasattr(os, "setpgrp"):
         os.setpgrp()                # out of the terminal's process group: Ctrl-C goes to the demo process only
     signal.signal(signal.SIGTERM, raise_keyboard_interrupt)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
-                      WORLD_SIZE=str(size))
+    if size > 1:
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
+                          WORLD_SIZE=str(size))
     torch.set_num_threads(threads)
     keep_freed_memory()
     prefix = f"[{name}] " if rank == 0 else f"[{name}, rank {rank}] "
@@ -345,7 +377,7 @@ def train_in_worker(name: str, config: Config, out: Path, resume: bool, rank: in
     try:
         result = train_run(name, config, progress=False, resume=resume, quiet=rank > 0)
         if rank == 0:
-            torch.set_num_threads(usable_cores())     # the other ranks are done
+            torch.set_num_threads(threads * size)     # the other ranks are done
             sender.send(("row", score_run(name, result, out)))
         else:
             sender.send(("trained", None))

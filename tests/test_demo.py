@@ -51,7 +51,7 @@ def test_demo_fast_writes_the_summary_figures_and_report(tmp_path, capfd):
     again = tmp_path / "again"
     config = {name: load_config(CONFIG_DIR / "demo_none.yaml", shapes_overrides(data, out / "features") + FAST_OVERRIDES
                                 + ["model.lstm.dropout=0", f"run.out={again / name}"]) for name in ("workers", "here")}
-    row = train_on_workers("workers", config["workers"], again, processes=2)
+    (name, row), = train_on_workers([("workers", config["workers"], 2)], again, 2)
     train_run("here", config["here"])
     on_workers, here = (load_checkpoint(again / name / "last.pt") for name in ("workers", "here"))
     assert on_workers["progress"]["step"] == here["progress"]["step"] and row["epochs"] == 1
@@ -59,14 +59,18 @@ def test_demo_fast_writes_the_summary_figures_and_report(tmp_path, capfd):
         torch.testing.assert_close(on_workers["model"][name], weights, rtol=1e-4, atol=1e-5, msg=name)
     assert (again / "workers" / "scores_test.json").is_file()      # rank 0 scored it
     # --resume continues a run from its last.pt: a finished one trains no further and keeps its scores (here on
-    # two worker processes, after one trained it).
-    last = (out / "none" / "last.pt").stat().st_mtime_ns
-    assert main(["demo", "--fast", "--out", str(out), "--data", str(data), "--runs", "none", "--resume",
+    # two worker processes, after one trained it: the first run on both, data parallel, then the others side by side).
+    last = {name: (out / name / "last.pt").stat().st_mtime_ns for name in ("none", "hard")}
+    assert main(["demo", "--fast", "--out", str(out), "--data", str(data), "--runs", "none", "hard", "--resume",
                  "--processes", "2"]) == 0
-    assert "'none' (LSTM, attention: none), on from its last.pt" in capfd.readouterr().out
-    assert (out / "none" / "last.pt").stat().st_mtime_ns == last
-    resumed = json.loads((out / "summary.json").read_text())["runs"]["none"]
-    assert all(resumed[k] == summary["runs"]["none"][k] for k in ("BLEU-4", "CIDEr", "METEOR", "epochs"))
+    printed = capfd.readouterr().out
+    assert "'none' on all of them, data parallel, then the others side by side, one process each" in printed
+    assert "'none' (LSTM, attention: none), on from its last.pt" in printed
+    assert "'hard' (LSTM, attention: hard), on from its last.pt" in printed
+    assert {name: (out / name / "last.pt").stat().st_mtime_ns for name in last} == last
+    resumed = json.loads((out / "summary.json").read_text())["runs"]
+    for name in last:
+        assert all(resumed[name][k] == summary["runs"][name][k] for k in ("BLEU-4", "CIDEr", "METEOR", "epochs"))
 
 
 def _files(root: Path) -> dict:
@@ -123,7 +127,7 @@ def test_a_failing_run_fails_the_demo_with_its_error_and_leaves_no_worker(tmp_pa
     config = load_config(CONFIG_DIR / "demo_soft.yaml", shapes_overrides(missing, tmp_path / "features")
                          + FAST_OVERRIDES + [f"run.out={tmp_path / 'soft'}"])
     with pytest.raises(CaptionerError, match="no finished feature cache"):     # the ranks' error, raised here
-        train_on_workers("soft", config, tmp_path, processes=2)
+        list(train_on_workers([("soft", config, 2), ("none", config, 1)], tmp_path, 2))
     assert multiprocessing.active_children() == []
 
 
