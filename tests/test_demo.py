@@ -64,7 +64,7 @@ def test_demo_fast_writes_the_summary_figures_and_report(tmp_path, capfd):
     assert main(["demo", "--fast", "--out", str(out), "--data", str(data), "--runs", "none", "hard", "--resume",
                  "--processes", "2"]) == 0
     printed = capfd.readouterr().out
-    assert "'none' on all of them, data parallel, then the others side by side, one process each" in printed
+    assert "'none' on all of them, data parallel, then the others side by side, one process each" in printed   # soft was trained before
     assert "'none' (LSTM, attention: none), on from its last.pt" in printed
     assert "'hard' (LSTM, attention: hard), on from its last.pt" in printed
     assert {name: (out / name / "last.pt").stat().st_mtime_ns for name in last} == last
