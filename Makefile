@@ -1,7 +1,7 @@
 # The README's two commands: `make demo` and `make test`. Both create or reuse .venv; a second run
 # does not reinstall (the stamp file is newer than the files that declare dependencies).
-# `make test` runs the tests on parallel workers, one per core, each test module whole on one worker
-# (tests/conftest.py says how many and how).
+# `make test` runs the tests on parallel workers, one per core, each test module whole on one worker, and ends
+# with the ten slowest tests (tests/conftest.py says how many workers and how).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -24,7 +24,7 @@ demo: setup
 test: setup
 	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || test -n "$$CAPTIONER_CHROMIUM" || \
 		echo "make test: no Chromium here, so the browser test of 'captioner serve' (tests/test_serve_browser.py) is skipped; apt-get install chromium to run it"
-	$(PY) -m pytest -q -n auto --dist loadscope --no-loadscope-reorder --max-worker-restart 0 tests
+	$(PY) -m pytest -q -n auto --dist loadscope --no-loadscope-reorder --max-worker-restart 0 --durations=10 tests
 
 bench: setup
 	$(PY) benchmarks/run_all.py
