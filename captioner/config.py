@@ -36,7 +36,7 @@ from captioner.errors import CaptionerError
 from captioner.models.captioner import DECODERS
 from captioner.models.encoder import EncoderConfig
 from captioner.settings import allowed, check_settings, check_value, default_of, kind_of, setting, settings_of
-from captioner.utils import write_file
+from captioner.utils import parse_device, write_file
 
 log = logging.getLogger(__name__)
 YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)     # libyaml's parser where PyYAML has it: 10x faster
@@ -55,9 +55,8 @@ class RunConfig:
 
     def check(self) -> None:
         check_settings(self, "run")
-        if self.device not in ("auto", "cpu", "cuda", "mps") and not (
-                self.device.startswith("cuda:") and self.device[5:].isdigit()):
-            raise CaptionerError(f"run.device must be auto, cpu, cuda, cuda:N or mps, got {self.device!r}")
+        if self.device != "auto":
+            parse_device(self.device)
 
 
 @dataclass
@@ -220,9 +219,6 @@ class Config:
         for name in ORDER:
             getattr(self, name).check()
         return self
-
-    def copy(self) -> "Config":
-        return copy.deepcopy(self)
 
 
 def defaults() -> dict:

@@ -291,26 +291,22 @@ def train_on_workers(plan: list[tuple[str, Config, int]], out: Path, slots: int,
     with sigterm_as_keyboard_interrupt():
         try:
             while waiting or running:
-                started_one = True
-                while started_one:
-                    started_one = False
-                    busy = sum(1 for _ in running)
+                while True:             # start every run that can start now, in the plan's order
                     unfinished = {name for name, *_ in waiting} | set(pending)
-                    for index, (name, config, size) in enumerate(waiting):
-                        if STARTS_FROM.get(name) in unfinished or size > slots - busy:
-                            continue
-                        port = free_port()
-                        for rank in range(size):
-                            receiver, sender = context.Pipe(duplex=False)
-                            process = context.Process(target=train_in_worker, name=f"demo-{name}-{rank}", args=(
-                                name, config, out, resume, rank, size, port, threads, sender))
-                            process.start()
-                            sender.close()
-                            running[receiver] = (name, process)
-                        pending[name] = size
-                        del waiting[index]
-                        started_one = True
+                    startable = [index for index, (name, _, size) in enumerate(waiting)
+                                 if STARTS_FROM.get(name) not in unfinished and size <= slots - len(running)]
+                    if not startable:
                         break
+                    name, config, size = waiting.pop(startable[0])
+                    port = free_port()
+                    for rank in range(size):
+                        receiver, sender = context.Pipe(duplex=False)
+                        process = context.Process(target=train_in_worker, name=f"demo-{name}-{rank}", args=(
+                            name, config, out, resume, rank, size, port, threads, sender))
+                        process.start()
+                        sender.close()
+                        running[receiver] = (name, process)
+                    pending[name] = size
                 for receiver in multiprocessing.connection.wait(list(running)):
                     name, process = running.pop(receiver)
                     try:

@@ -82,12 +82,11 @@ class Predictor:
     settings every call uses unless it passes its own; ``max_pixels``, the largest image it reads."""
 
     def __init__(self, model: Captioner, vocab: Vocabulary, config: Config, *, settings: DecodeConfig | None = None,
-                 max_pixels: int | None = None, checkpoints: Sequence[Path] = ()):
+                 max_pixels: int | None = None):
         self.model, self.vocab, self.config = model.eval(), vocab, config
         self.settings = settings or DecodeConfig.of(config)
         self.settings.check()
         self.max_pixels = max_pixels or config.data.max_pixels
-        self.checkpoints = tuple(checkpoints)
         self.transform = image_transform(model.encoder)
 
     @classmethod
@@ -110,7 +109,7 @@ class Predictor:
             compile_decoder(model.decoder, mode="reduce-overhead" if model.device.type == "cuda" else None,
                             targets=("step",))
         return cls(model, vocab, config, settings=DecodeConfig.of(config, beam=beam, n_best=n_best),
-                   max_pixels=max_pixels, checkpoints=paths)
+                   max_pixels=max_pixels)
 
     @property
     def grid(self) -> tuple[int, int]:

@@ -54,22 +54,22 @@ def kind_of(cls, name: str):
     return _hints(cls)[name]
 
 
-def _matches(value, kind) -> bool:
+def matches_kind(value, kind) -> bool:
     """Whether ``value`` (as YAML reads it) is of type ``kind``: a bool is not a number, an int is a float."""
     if kind is typing.Any:
         return True
     if kind is type(None):
         return value is None
     if isinstance(kind, types.UnionType) or typing.get_origin(kind) is typing.Union:
-        return any(_matches(value, k) for k in typing.get_args(kind))
+        return any(matches_kind(value, k) for k in typing.get_args(kind))
     origin = typing.get_origin(kind)
     if origin in (list, tuple):
         args = typing.get_args(kind)
         item = args[0] if args else typing.Any
-        return isinstance(value, (list, tuple)) and all(_matches(v, item) for v in value)
+        return isinstance(value, (list, tuple)) and all(matches_kind(v, item) for v in value)
     if origin is dict:
         key, item = typing.get_args(kind) or (typing.Any, typing.Any)
-        return isinstance(value, dict) and all(_matches(k, key) and _matches(v, item) for k, v in value.items())
+        return isinstance(value, dict) and all(matches_kind(k, key) and matches_kind(v, item) for k, v in value.items())
     if kind is bool:
         return isinstance(value, bool)
     if kind is int:
@@ -132,12 +132,12 @@ def check_value(cls, name: str, value, where: str | None, dotted: str):
             names = [_shown(c) for c in choices]
             raise CaptionerError(f"{where}{dotted} must be {', '.join(names[:-1])} or {names[-1]}, got {value!r}")
         return value
-    if isinstance(value, str) and _matches(0.5, kind) and not _matches(value, kind):
+    if isinstance(value, str) and matches_kind(0.5, kind) and not matches_kind(value, kind):
         try:
             value = float(value)
         except ValueError:
             pass
-    if not _matches(value, kind):
+    if not matches_kind(value, kind):
         raise CaptionerError(f"{where}{dotted} must be {describe_kind(kind)}, got {value!r}")
     numbers = [v for v in (value if isinstance(value, (list, tuple)) else [value])
                if isinstance(v, (int, float)) and not isinstance(v, bool)]
@@ -158,21 +158,3 @@ def check_settings(section, prefix: str) -> None:
     choices and bounds: what a config file's values go through at load, for a section built in Python."""
     for name in settings_of(type(section)):
         check_value(type(section), name, getattr(section, name), None, f"{prefix}.{name}")
-
-
-def illegal_values(cls, name: str) -> list:
-    """Values that setting ``name`` of section ``cls`` refuses: one of the wrong type, and one past each bound or
-    outside the choices. The test that walks every setting uses them."""
-    field, kind = settings_of(cls)[name], kind_of(cls, name)
-    meta = field.metadata
-    wrong_type = {"not": "a setting value"}
-    if _matches(wrong_type, kind):                     # a mapping setting: a list is of the wrong type
-        wrong_type = ["not", "a mapping"]
-    values = [wrong_type]
-    if meta.get("choices"):
-        values.append("not-one-of-the-choices")
-    for bound, step in (("minimum", -1), ("above", 0), ("maximum", 1), ("below", 0)):
-        if meta.get(bound) is not None:
-            past = meta[bound] + step
-            values.append(past if not _matches([past], kind) else [past])
-    return values

@@ -36,16 +36,23 @@ def resolve_device(name: str = "auto") -> torch.device:
             log.warning("run.device=auto: this machine has an NVIDIA driver but CUDA does not work (%s); "
                         "running on the CPU", cuda_unavailable_reason())
         return torch.device("cpu")
+    device = parse_device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise CaptionerError(f"run.device={name}: CUDA does not work on this machine: {cuda_unavailable_reason()}")
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        raise CaptionerError(f"run.device={name}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    return device
+
+
+def parse_device(name: str) -> torch.device:
+    """The device ``cpu``, ``cuda`` or ``cuda:N`` names (not ``auto``), without asking whether it works here; one
+    line naming ``run.device`` for any other name."""
     try:
         device = torch.device(name)
     except RuntimeError:
         device = None
     if device is None or device.type not in ("cpu", "cuda") or (device.type == "cpu" and device.index is not None):
         raise CaptionerError(f"run.device: unknown device {name!r} (use auto, cpu, cuda or cuda:N)")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise CaptionerError(f"run.device={name}: CUDA does not work on this machine: {cuda_unavailable_reason()}")
-    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
-        raise CaptionerError(f"run.device={name}: this machine has {torch.cuda.device_count()} CUDA device(s)")
     return device
 
 
