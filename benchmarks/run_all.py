@@ -8,7 +8,9 @@ beside a busy Python thread against beside a busy process (why the server decode
 ``captioner serve`` soaked by 16 legitimate clients beside 16 hostile ones (latency, failures, peak memory), and a
 full-scale COCO rehearsal (a COCO-2014-shaped tree of 10,000, 40,000 and 123,287 images through the real command
 line, each stage's time and peak memory; about 10 minutes on a 2-core CPU and 1.1 GB kept under /tmp/coco_scale;
---quick: one tree of 500 images in a temporary folder, a minute). Each script also runs alone and prints its own JSON.
+--quick: one tree of 500 images in a temporary folder, a minute), and ONNX Runtime against torch for decoding (the COCO
+recipes' decoders, greedy and beam 3, 1 and 16 images) and encoding. Each script also runs alone and prints its own
+JSON.
 
     python benchmarks/run_all.py [--quick] [--threads N] [--device auto] [--only NAME ...] [--out results.json]
 """
@@ -27,7 +29,8 @@ SCRIPTS = {"lstm_decoder": ("bench_decoder.py", False), "transformer_decoder": (
            "scaling": ("bench_scaling.py", True), "feature_cache": ("bench_feature_cache.py", True),
            "cache_memory": ("bench_cache_memory.py", False), "scst": ("bench_scst.py", True),
            "serve": ("bench_serve.py", True), "decode_beside_python": ("bench_decode_beside_python.py", False),
-           "serve_soak": ("bench_serve_soak.py", True), "coco_scale": ("bench_coco_scale.py", False)}
+           "serve_soak": ("bench_serve_soak.py", True), "coco_scale": ("bench_coco_scale.py", False),
+           "onnx": ("bench_onnx.py", False)}
 
 
 def main() -> int:

@@ -2,7 +2,8 @@
 
 The Python API is :class:`captioner.Predictor` (``from captioner import Predictor``), imported on first use so
 that ``import captioner`` stays light."""
-__version__ = "0.1.0"
+from captioner.version import __version__
+
 __all__ = ["Predictor", "__version__"]
 
 

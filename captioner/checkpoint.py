@@ -3,7 +3,8 @@ and the models they hold. Training writes them; evaluation, the CLI, the demo, r
 read them, so this module belongs to no single layer.
 
 A checkpoint holds ``model``, ``optimizer``, ``scheduler`` and ``loss`` (state dicts), ``progress`` (epoch,
-step, best score, ...), ``rng``, ``vocab`` (the word list) and ``config`` (the resolved config). Only
+step, best score, ...), ``rng``, ``vocab`` (the word list), ``config`` (the resolved config) and
+``captioner_version`` (the version that wrote it; absent before 0.2.0). Only
 tensors and plain Python data go in, so the safe unpickler loads it and a crafted file cannot run code.
 Checkpoints written before the loss had a state of its own carry the REINFORCE baseline as
 ``decoder.reward_baseline`` / ``decoder.baseline_updates`` in ``model``: :func:`model_and_loss_states`
@@ -23,8 +24,9 @@ import torch
 from captioner.config import Config, apply_overrides, complete
 from captioner.data.vocabulary import Vocabulary
 from captioner.errors import CaptionerError
+from captioner.export.folder import CONFIG, is_export, read_export
 from captioner.models.captioner import Captioner, build_model
-from captioner.utils import atomic_write
+from captioner.utils import atomic_write, file_sha256
 
 LEGACY_LOSS_STATE = {"decoder.reward_baseline": "baseline", "decoder.baseline_updates": "baseline_updates"}
 
@@ -39,10 +41,14 @@ def save_checkpoint(payload: dict, path: str | Path) -> None:
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict:
     """The checkpoint dict of ``path``, its archive's checksums verified first (a flipped byte in a weight
     would otherwise load as a different model); raises :class:`~captioner.errors.CaptionerError` with one
-    line for a missing, empty, truncated, damaged or foreign file."""
+    line for a missing, empty, truncated, damaged or foreign file. An export folder (``captioner export``) is
+    read as the same dict, with the model, vocabulary and config but no training state
+    (:func:`captioner.export.folder.read_export`)."""
     path = Path(path)
+    if is_export(path):
+        return read_export(path, map_location)
     if path.is_dir():
-        raise CaptionerError(f"{path}: is a folder, not a checkpoint file")
+        raise CaptionerError(f"{path}: is a folder, neither a checkpoint file nor an exported model (no {CONFIG})")
     if not path.is_file():
         raise CaptionerError(f"{path}: checkpoint not found")
     if path.stat().st_size == 0:
@@ -84,6 +90,18 @@ def _verify_archive(path: Path) -> None:
         raise CaptionerError(f"{path}: damaged: {damaged} fails its checksum (a corrupted copy or disk?)")
 
 
+def checkpoint_digest(path: str | Path) -> str:
+    """The SHA-256 that identifies a checkpoint: of the file, or of an export's ``config.json`` (which records its
+    weights' SHA-256)."""
+    return file_sha256(Path(path) / CONFIG if is_export(path) else path)
+
+
+def checkpoint_folder(path: str | Path) -> Path:
+    """Where a command writes what it finds about a checkpoint by default: the run folder holding the file, or the
+    export folder itself."""
+    return Path(path) if is_export(path) else Path(path).parent
+
+
 def model_and_loss_states(payload: dict) -> tuple[dict, dict]:
     """The model's and the loss's state dicts of a checkpoint, older layouts included."""
     model_state = dict(payload["model"])
@@ -103,6 +121,15 @@ def load_model(path: str | Path, device: str | torch.device = "cpu", overrides: 
     applied and checked like any command's: decoding and data settings change freely; a model or encoder
     setting must still fit the weights."""
     payload = load_checkpoint(path, map_location=device)
+    model, vocab, config = build_checkpoint_model(payload, path, overrides)
+    model.encoder.prepare_for_inference()
+    return model.to(device).eval(), vocab, config, payload
+
+
+def build_checkpoint_model(payload: dict, path: str | Path, overrides: Sequence[str] = ()
+                           ) -> tuple[Captioner, Vocabulary, Config]:
+    """``(model, vocab, config)`` of a loaded checkpoint (:func:`load_checkpoint`), its weights as they were
+    trained (the encoder not yet prepared for inference), on the CPU; ``path`` names it in errors."""
     vocab = Vocabulary.from_dict(payload["vocab"])
     config = apply_overrides(complete(payload["config"]), overrides)
     try:
@@ -121,5 +148,4 @@ def load_model(path: str | Path, device: str | torch.device = "cpu", overrides: 
     except RuntimeError as err:
         detail = str(err).splitlines()[0]
         raise CaptionerError(f"{path}: weights do not fit the architecture its config describes ({detail})") from None
-    model.encoder.prepare_for_inference()
-    return model.to(device).eval(), vocab, config, payload
+    return model, vocab, config

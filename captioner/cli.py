@@ -1,5 +1,5 @@
 """The ``captioner`` command line: data (shapes, vocab, coco), config, cache-features, train, evaluate, ground,
-caption, attend, compare, serve, demo.
+caption, attend, export, compare, serve, demo.
 
 Commands that read a config or a checkpoint take ``section.key=value`` overrides anywhere on the line
 (before, between or after the options); every command checks them the same way (an unknown key is an
@@ -22,6 +22,8 @@ import sys
 from pathlib import Path
 
 from captioner.errors import CaptionerError
+from captioner.export import RUNTIMES
+from captioner.version import __version__
 
 
 def _cmd_data_shapes(args) -> int:
@@ -53,10 +55,17 @@ def _cmd_data_coco(args) -> int:
 def _cmd_config(args) -> int:
     import yaml
 
-    from captioner.config import config_reference, load_config
+    from captioner.config import RECIPE_DIR, config_reference, load_config, recipe_summary, recipes
 
     if args.reference:
         print(config_reference(), end="")
+        return 0
+    if args.list:
+        shipped = recipes()
+        width = max(map(len, shipped))
+        for name, path in shipped.items():
+            print(f"{name:<{width}}  {recipe_summary(path)}")
+        print(f"\n(in {RECIPE_DIR}; any command that takes a CONFIG takes a recipe's name)")
         return 0
     print(yaml.safe_dump(load_config(args.config, args.overrides).to_dict(), sort_keys=False), end="")
     return 0
@@ -98,7 +107,7 @@ def _cmd_evaluate(args) -> int:
 
     scores = evaluate_checkpoint(args.checkpoints, args.split, beam_size=args.beam, out_dir=args.out,
                                  overrides=_split_overrides(args), device=args.device, spice=args.spice,
-                                 n_best=args.n_best)
+                                 n_best=args.n_best, runtime=args.runtime)
     print(json.dumps(scores, indent=2))
     return _unreadable_exit(scores["unreadable_images"], scores["images"])
 
@@ -129,7 +138,8 @@ def _predictor(args):
     from captioner.utils import resolve_device
 
     return Predictor.load(args.checkpoint, device=resolve_device(args.device), overrides=args.overrides,
-                          beam=args.beam, n_best=getattr(args, "n_best", None), max_pixels=args.max_pixels)
+                          beam=args.beam, n_best=getattr(args, "n_best", None), max_pixels=args.max_pixels,
+                          runtime=getattr(args, "runtime", "torch"))
 
 
 def _cmd_caption(args) -> int:
@@ -151,6 +161,19 @@ def _cmd_caption(args) -> int:
 def _cmd_attend(args) -> int:
     result = _predictor(args).attend(args.image, args.out, instances=args.instances)
     print(f"{args.image}: {result.caption}\nwrote {args.out}")
+    return 0
+
+
+def _cmd_export(args) -> int:
+    from captioner.export.package import export_checkpoint
+
+    result = export_checkpoint(args.checkpoint, args.out, dtype=args.dtype, onnx=args.onnx, overrides=args.overrides,
+                               overwrite=args.overwrite)
+    print(f"exported {args.checkpoint} to {result['folder']}:")
+    for name, size in result["files"].items():
+        print(f"  {name:<20} {size:>13,} bytes")
+    print(f"caption with: captioner caption IMAGE --checkpoint {result['folder']}"
+          + (" [--runtime onnx]" if args.onnx else "") + f"; in Python: Predictor.load({result['folder']!r})")
     return 0
 
 
@@ -226,9 +249,16 @@ def _positive_float(text: str) -> float:
     return value
 
 
+CONFIG_HELP = "a YAML config, or the name of a recipe that ships with captioner (captioner config --list)"
+RUNTIME_HELP = ("torch (default), or onnx: ONNX Runtime over the graphs of an export folder made with --onnx "
+                "(captioner export)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="captioner", description="Show, Attend and Tell image captioning.")
     parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
+    parser.add_argument("--version", action="version", version=f"captioner {__version__}",
+                        help="print captioner's version and exit")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     data = sub.add_parser("data", help="make or prepare datasets")
@@ -240,7 +270,7 @@ def build_parser() -> argparse.ArgumentParser:
     shapes.add_argument("--image-size", type=int, default=128)
     shapes.set_defaults(func=_cmd_data_shapes)
     vocab = data_sub.add_parser("vocab", help="build the vocabulary of a config's train split and report its coverage")
-    vocab.add_argument("config")
+    vocab.add_argument("config", help=CONFIG_HELP)
     vocab.add_argument("overrides", nargs="*", metavar="section.key=value", help="overrides, e.g. data.vocab_min_count=3")
     vocab.add_argument("--out", help="vocabulary file to write (default: data.vocab)")
     vocab.set_defaults(func=_cmd_data_vocab)
@@ -260,14 +290,17 @@ def build_parser() -> argparse.ArgumentParser:
                            "or the folder of BLIP's coco_karpathy_{train,val,test}.json (default: download it)")
     coco.set_defaults(func=_cmd_data_coco)
 
-    config = sub.add_parser("config", help="print a resolved config (defaults, file, overrides) or the reference")
-    config.add_argument("config", nargs="?", help="YAML config (default: the built-in defaults)")
+    config = sub.add_parser("config", help="print a resolved config (defaults, file, overrides), the reference or "
+                            "the packaged recipes")
+    config.add_argument("config", nargs="?", help="YAML config or a recipe's name (default: the built-in defaults)")
     config.add_argument("overrides", nargs="*", metavar="section.key=value", help="overrides of the config")
     config.add_argument("--reference", action="store_true", help="every setting, its default and meaning (Markdown)")
+    config.add_argument("--list", action="store_true", help="the recipes that ship with captioner, by name (every "
+                        "command that takes a CONFIG takes a name: captioner train coco_soft)")
     config.set_defaults(func=_cmd_config)
 
     cache = sub.add_parser("cache-features", help="run the frozen encoder once and store region features")
-    cache.add_argument("config")
+    cache.add_argument("config", help=CONFIG_HELP)
     cache.add_argument("overrides", nargs="*", metavar="section.key=value", help="overrides of the config")
     cache.add_argument("--splits", nargs="+", default=["train", "val", "test"])
     cache.add_argument("--out", help="cache folder (default: data.features)")
@@ -277,7 +310,7 @@ def build_parser() -> argparse.ArgumentParser:
     cache.set_defaults(func=_cmd_cache_features)
 
     train = sub.add_parser("train", help="train a captioner")
-    train.add_argument("config")
+    train.add_argument("config", help=CONFIG_HELP)
     train.add_argument("overrides", nargs="*", metavar="section.key=value",
                        help="overrides, e.g. model.lstm.attention_dim=256 (anywhere on the line)")
     train.add_argument("--resume", action="store_true", help="continue the run in run.out from last.pt")
@@ -299,6 +332,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--out", help="folder for captions_SPLIT.json and scores_SPLIT.json")
     evaluate.add_argument("--spice", action="store_true", help="also SPICE (needs Stanford CoreNLP)")
     evaluate.add_argument("--device", default="auto")
+    evaluate.add_argument("--runtime", choices=RUNTIMES, default="torch", help=RUNTIME_HELP)
     evaluate.set_defaults(func=_cmd_evaluate)
 
     ground = sub.add_parser("ground", help="measure whether attention falls on the named objects (shapes data)")
@@ -318,7 +352,8 @@ def build_parser() -> argparse.ArgumentParser:
     caption = sub.add_parser("caption", help="caption image files")
     caption.add_argument("images", nargs="+")
     caption.add_argument("--checkpoint", required=True, action="append",
-                         help="a trained checkpoint; give it several times for an ensemble (one vocabulary and encoder)")
+                         help="a trained checkpoint or export folder; give it several times for an ensemble (one "
+                              "vocabulary and encoder)")
     caption.add_argument("overrides", nargs="*", metavar="section.key=value",
                          help="overrides of the checkpoint's config, e.g. decode.max_length=16")
     caption.add_argument("--beam", type=int, default=None, help="beam size (default: the config's decode.beam)")
@@ -329,11 +364,12 @@ def build_parser() -> argparse.ArgumentParser:
     caption.add_argument("--max-pixels", type=_positive_int, default=None,
                          help="refuse larger images before decoding them "
                               "(default: the checkpoint's data.max_pixels, 64 megapixels)")
+    caption.add_argument("--runtime", choices=RUNTIMES, default="torch", help=RUNTIME_HELP)
     caption.set_defaults(func=_cmd_caption)
 
     attend = sub.add_parser("attend", help="draw where the model looked for each word")
     attend.add_argument("image")
-    attend.add_argument("--checkpoint", required=True, action=_Once, help="the trained checkpoint (one)")
+    attend.add_argument("--checkpoint", required=True, action=_Once, help="the trained checkpoint or export folder (one)")
     attend.add_argument("--out", required=True, help="output PNG")
     attend.add_argument("--instances", help="COCO instances_*.json holding this image (matched by file name): "
                         "outline the ground-truth box of each object a word names")
@@ -346,8 +382,23 @@ def build_parser() -> argparse.ArgumentParser:
                               "(default: the checkpoint's data.max_pixels, 64 megapixels)")
     attend.set_defaults(func=_cmd_attend)
 
+    export = sub.add_parser("export", help="a checkpoint as an inference package: safetensors weights, config.json, "
+                            "vocab.json, a model card (README.md); --onnx: ONNX graphs too")
+    export.add_argument("checkpoint")
+    export.add_argument("overrides", nargs="*", metavar="section.key=value",
+                        help="overrides of the settings the export keeps, e.g. decode.beam=5")
+    export.add_argument("--out", required=True, help="the export folder (new or empty; an earlier export with --overwrite)")
+    export.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default="float32",
+                        help="of the stored weights; they are loaded into float32 (default: float32, the checkpoint's "
+                             "own; float16 halves the file)")
+    export.add_argument("--onnx", action="store_true", help="also the encoder, the decoder's initial state and its "
+                        "per-word step as ONNX graphs (float32), for ONNX Runtime and other runtimes "
+                        "(needs pip install 'captioner[onnx]')")
+    export.add_argument("--overwrite", action="store_true", help="replace an earlier export in --out")
+    export.set_defaults(func=_cmd_export)
+
     compare = sub.add_parser("compare", help="report comparing runs: metrics, curves, attention statistics, figures")
-    compare.add_argument("runs", nargs="+", help="run directories (with best.pt or last.pt); a run whose "
+    compare.add_argument("runs", nargs="+", help="run directories (with best.pt or last.pt) or export folders; a run whose "
                          "scores_SPLIT.json is not its checkpoint's with these decode settings is evaluated again, "
                          "which writes captions_SPLIT.json and scores_SPLIT.json into its folder as evaluate does")
     compare.add_argument("--out", required=True, help="folder for report.md, report.html and the PNGs")

@@ -24,6 +24,7 @@ import copy
 import dataclasses
 import difflib
 import logging
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -315,12 +316,50 @@ def apply_overrides(config: Config, overrides: Sequence[str]) -> Config:
     return Config.from_dict(tree).check()
 
 
+RECIPE_DIR = Path(__file__).resolve().parent / "configs"
+"""The recipes that ship with the package (``captioner config --list``): the demo's runs and the COCO and
+Flickr8k ones, each a YAML config whose comments say what it is for and what it scored."""
+
+
+def recipes() -> dict[str, Path]:
+    """The packaged recipes by name (the file name without ``.yaml``), sorted."""
+    return {path.stem: path for path in sorted(RECIPE_DIR.glob("*.yaml"))}
+
+
+def recipe_summary(path: Path, width: int = 100) -> str:
+    """The first sentence of a recipe's opening comment (what it trains), cut to ``width`` characters."""
+    lines = []
+    for line in path.read_text().splitlines():
+        if not line.startswith("#"):
+            break
+        lines.append(line.lstrip("#").strip())
+    sentence = re.split(r"(?<=[.:])\s(?=[A-Z])", " ".join(lines), maxsplit=1)[0].rstrip(":")
+    return sentence if len(sentence) <= width else sentence[: width - 3].rstrip() + "..."
+
+
+def config_file(path: str | Path) -> Path:
+    """The YAML file a command's CONFIG names: ``path`` where it is a file, else the packaged recipe of that name
+    (``coco_soft``, ``coco_soft.yaml`` or, from a clone's instructions, ``configs/coco_soft.yaml``), so that an
+    installed package trains its recipes from any folder. Raises :class:`CaptionerError` naming the recipes when
+    neither exists."""
+    path = Path(path)
+    if path.exists():
+        return path
+    name = path.name.removesuffix(".yaml")
+    shipped = recipes()
+    if name in shipped and path.parent in (Path("."), Path("configs")):
+        return shipped[name]
+    raise CaptionerError(f"{path}: no such config file, and no recipe of that name (recipes: {', '.join(shipped)}; "
+                         "captioner config --list says what each is)")
+
+
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> Config:
-    """Defaults, then the YAML file, then the overrides (later wins), every value checked as it is read, then the
-    settings that depend on one another. Returns a fresh :class:`Config`."""
+    """Defaults, then the YAML file (a path, or a packaged recipe's name: :func:`config_file`), then the overrides
+    (later wins), every value checked as it is read, then the settings that depend on one another. Returns a fresh
+    :class:`Config`."""
     tree = defaults()
     if path is not None:
-        path = Path(path)
+        path = config_file(path)
         try:
             loaded = yaml.load(path.read_text(), Loader=YAML_LOADER) or {}
         except OSError as err:

@@ -3,7 +3,7 @@ figures -> comparison report. ``captioner demo --runs soft_scst`` retrains only 
 other rows of an earlier summary in the same folder; ``--resume`` continues every run from its ``last.pt``
 (after Ctrl-C: the result of an uninterrupted demo).
 
-Runs ``configs/demo_{name}.yaml`` for each name in ``DEMO_RUNS`` with the same seed and budget,
+Runs the packaged recipe ``demo_{name}`` (``captioner/configs/demo_{name}.yaml``) for each name in ``DEMO_RUNS`` with the same seed and budget,
 evaluates each on the held-out test split (beam: the configs' decode.beam), captions a few test images with attention
 figures, compares the runs (``captioner compare``) and writes ``{out}/summary.json``.
 
@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from captioner.config import Config, load_config
+from captioner.config import Config, load_config, recipes
 from captioner.data.readers import read_split
 from captioner.data.shapes import FORMAT_VERSION, generate_shapes, shapes_info
 from captioner.errors import CaptionerError
@@ -48,7 +48,6 @@ from captioner.report import write_report
 
 DEMO_RUNS = ("soft", "none", "hard", "transformer", "soft_scst")
 STARTS_FROM = {"soft_scst": "soft"}   # runs that fine-tune another run's best checkpoint
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 FIGURE_IMAGES = 4
 SUMMARY_KEYS = ("BLEU-4", "CIDEr", "METEOR", "object_precision", "relation_accuracy", "pointing_accuracy")
 DATA_STAMP = "made_by_captioner_demo.txt"   # in a data folder the demo generated: it may generate it anew
@@ -182,10 +181,10 @@ def run_demo(out: Path, data_dir: Path, fast: bool = False, runs: tuple[str, ...
     reset_stale_features(out / "features", data_info)
     common = (shapes_overrides(data_dir, out / "features") + (FAST_OVERRIDES if fast else [])
               + ([] if seed is None else [f"run.seed={seed}"]))
-    configs = {name: load_config(CONFIG_DIR / f"demo_{name}.yaml", common + [f"run.out={out / name}"] + (
+    configs = {name: load_config(recipes()[f"demo_{name}"], common + [f"run.out={out / name}"] + (
         [f"train.init_from={out / STARTS_FROM[name] / 'best.pt'}"] if name in STARTS_FROM else [])) for name in runs}
     # Every run reads the features of the first run's encoder (the runs that fine-tune another keep its encoder).
-    feature_seconds = cache_demo_features(load_config(CONFIG_DIR / f"demo_{DEMO_RUNS[0]}.yaml", common))
+    feature_seconds = cache_demo_features(load_config(recipes()[f"demo_{DEMO_RUNS[0]}"], common))
     print(f"features cached in {feature_seconds:.1f} s")
     summary: dict = {"runs": earlier_runs(out, keep=set(DEMO_RUNS) - set(runs)), "figures": [],
                      "feature_seconds": round(feature_seconds, 1)}

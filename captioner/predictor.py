@@ -1,8 +1,9 @@
-"""The one way from trained weights to captions: a :class:`Predictor` holds a checkpoint's model, vocabulary,
-config, the encoder's image transform and the decode settings, prepared once (eval mode, BatchNorms folded into
-the convolutions, channels-last, the decoding step compiled when ``decode.compile`` asks). ``captioner caption``,
-``attend``, ``evaluate``, ``ground`` and ``compare``, the demo, ``captioner serve`` and its decoding process all
-caption through it, and it is the Python API::
+"""The one way from trained weights to captions: a :class:`Predictor` holds the model, vocabulary and config of a
+checkpoint or an export folder (``captioner export``), the encoder's image transform and the decode settings,
+prepared once (eval mode, BatchNorms folded into the convolutions, channels-last, the decoding step compiled when
+``decode.compile`` asks; or the export's ONNX graphs in ONNX Runtime). ``captioner caption``, ``attend``,
+``evaluate``, ``ground`` and ``compare``, the demo, ``captioner serve`` and its decoding process all caption through
+it, and it is the Python API::
 
     from captioner import Predictor
 
@@ -31,6 +32,7 @@ from captioner.decoding.search import DecodeConfig, Generation, decode
 from captioner.errors import CaptionerError, ImageError
 from captioner.evaluation.generate import generate_captions
 from captioner.evaluation.grounding import boxes_of_named_objects
+from captioner.export import RUNTIMES
 from captioner.models.captioner import Captioner, compile_decoder
 
 if TYPE_CHECKING:
@@ -92,20 +94,32 @@ class Predictor:
     @classmethod
     def load(cls, checkpoints: str | Path | Sequence[str | Path], *, device: str | torch.device = "cpu",
              overrides: Sequence[str] = (), beam: int | None = None, n_best: int | None = None,
-             max_pixels: int | None = None) -> Predictor:
-        """The predictor of a checkpoint, or of several decoded together as an ensemble (the first one's encoder,
-        data and decode settings). ``overrides`` (``section.key=value``) change each checkpoint's config
-        (decoding and data settings freely; model settings must still fit the weights); ``beam``, ``n_best`` and
-        ``max_pixels`` replace ``decode.beam``, ``decode.n_best`` and ``data.max_pixels``."""
+             max_pixels: int | None = None, runtime: str = "torch") -> Predictor:
+        """The predictor of a checkpoint or an export folder (``captioner export``), or of several decoded together
+        as an ensemble (the first one's encoder, data and decode settings). ``overrides`` (``section.key=value``)
+        change each checkpoint's config (decoding and data settings freely; model settings must still fit the
+        weights); ``beam``, ``n_best`` and ``max_pixels`` replace ``decode.beam``, ``decode.n_best`` and
+        ``data.max_pixels``. ``runtime="onnx"``: the encoder and the decoder's steps run in ONNX Runtime, from the
+        graphs of an export made with ``--onnx`` (the search, the image transform and the settings stay captioner's;
+        model and encoder settings cannot be overridden, they are in the graphs)."""
         paths = [Path(checkpoints)] if isinstance(checkpoints, (str, Path)) else [Path(p) for p in checkpoints]
         if not paths:
             raise CaptionerError("no checkpoint given")
+        if runtime not in RUNTIMES:
+            raise CaptionerError(f"runtime must be one of {', '.join(RUNTIMES)}, not {runtime!r}")
+        fixed = [o for o in overrides if o.split(".", 1)[0] in ("model", "encoder")]
+        if runtime == "onnx" and fixed:
+            raise CaptionerError(f"override '{fixed[0]}': the model and encoder settings of ONNX graphs are fixed at "
+                                 "export")
         loaded = [load_model(path, device, overrides) for path in paths]
+        if runtime == "onnx":
+            loaded = [(_onnx_model(path, model, payload), vocab, config, payload)
+                      for path, (model, vocab, config, payload) in zip(paths, loaded)]
         decoder, vocab = ensemble_of([m for m, *_ in loaded], [v for _, v, *_ in loaded], [c for _, _, c, _ in loaded],
                                      [str(p) for p in paths])
         first, _, config, _ = loaded[0]
         model = first if len(loaded) == 1 else Captioner(first.encoder, decoder).eval()
-        if config.decode.compile:
+        if config.decode.compile and runtime == "torch":
             compile_decoder(model.decoder, mode="reduce-overhead" if model.device.type == "cuda" else None,
                             targets=("step",))
         return cls(model, vocab, config, settings=DecodeConfig.of(config, beam=beam, n_best=n_best),
@@ -183,6 +197,16 @@ class Predictor:
         """The captions of a dataset's images (of its split, as evaluation decodes them), by image id."""
         return generate_captions(self.model, dataset, self.vocab, self.settings, max_images=max_images,
                                  progress=progress)
+
+
+def _onnx_model(path: Path, model: Captioner, payload: dict) -> Captioner:
+    """The ONNX Runtime twin of ``model``, loaded from the export folder ``path``."""
+    from captioner.export.onnx import onnx_captioner
+
+    if "export" not in payload:
+        raise CaptionerError(f"{path}: runtime onnx needs an export folder made with --onnx "
+                             "(captioner export CKPT --out DIR --onnx), not a checkpoint file")
+    return onnx_captioner(path, payload["export"], model)
 
 
 def caption_json(result: CaptionResult, digits: int = 5) -> dict:

@@ -31,13 +31,14 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from captioner.checkpoint import load_checkpoint
+from captioner.checkpoint import checkpoint_digest, load_checkpoint
+from captioner.export.folder import is_export
 from captioner.decoding.search import DecodeConfig
 from captioner.errors import CaptionerError
 from captioner.evaluation.attention_stats import attention_statistics
 from captioner.evaluation.evaluate import evaluate_checkpoint, split_dataset
 from captioner.predictor import Predictor
-from captioner.utils import file_sha256, write_file
+from captioner.utils import write_file
 
 log = logging.getLogger(__name__)
 
@@ -46,10 +47,13 @@ TABLE_COLUMNS = ("BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "METEOR", "ROUGE-L", "C
 
 
 def _checkpoint_of(run_dir: Path) -> Path:
+    """The run's ``best.pt`` (else ``last.pt``), or the folder itself when it is an exported model."""
+    if is_export(run_dir):
+        return run_dir
     for name in ("best.pt", "last.pt"):
         if (run_dir / name).exists():
             return run_dir / name
-    raise CaptionerError(f"{run_dir}: no best.pt or last.pt (is it a run directory?)")
+    raise CaptionerError(f"{run_dir}: no best.pt or last.pt (is it a run directory or an exported model?)")
 
 
 def _json_error(path: Path, text: bytes, err: ValueError, first_line: int = 1) -> str:
@@ -101,7 +105,8 @@ def _stored_scores(path: Path, checkpoint: Path, settings: DecodeConfig) -> dict
         log.warning("%s; evaluating the run again", _json_error(path, text, err))
         return None
     if (isinstance(scores, dict) and scores.get("overrides") == [] and scores.get("decode") == asdict(settings)
-            and scores.get("checkpoint_sha256") == [file_sha256(checkpoint)]):
+            and scores.get("runtime", "torch") == "torch"
+            and scores.get("checkpoint_sha256") == [checkpoint_digest(checkpoint)]):
         return scores
     log.info("%s: not known to be the scores of %s with beam %d and these decode settings; evaluating the run again",
              path, checkpoint, settings.beam)

@@ -143,12 +143,26 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def _read_umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+UMASK = _read_umask()
+"""The process's umask, read once at import: the permissions a file or folder made by ``open`` or ``mkdir`` gets
+are ``0o666 & ~UMASK`` and ``0o777 & ~UMASK``; files written through a temporary file get the same."""
+
+
 def atomic_write(path: str | Path, write) -> None:
     """Write ``path`` through ``write(file_object)`` into a temporary file, fsync it, then rename it over
-    ``path``: a crash or a full disk never leaves a half-written file behind, and the old file stays."""
+    ``path``: a crash or a full disk never leaves a half-written file behind, and the old file stays. The file gets
+    the permissions ``open`` would give it (the temporary file's own are owner-only)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    if hasattr(os, "fchmod"):
+        os.fchmod(fd, 0o666 & ~UMASK)
     try:
         with os.fdopen(fd, "wb") as handle:
             write(handle)

@@ -61,6 +61,7 @@ LONG_TESTS = {
     "test_two_gloo_processes_train_like_one_process_with_the_same_global_batch",
     "test_signal_mid_epoch_saves_and_resume_equals_uninterrupted",
     "test_kill_9_mid_epoch_then_resume_equals_uninterrupted",
+    "test_an_export_captions_as_its_checkpoint_in_torch_and_in_onnx_runtime",
 }
 
 

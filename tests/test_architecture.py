@@ -115,12 +115,12 @@ def test_a_decoder_added_by_the_documented_steps_trains_decodes_and_is_evaluated
 
 # The layers of the package, lowest first: a module may import its own layer and those below, never one above.
 LAYERS = (
-    ("leaves", ("captioner.errors", "captioner.utils", "captioner.settings", "captioner.tokens")),
+    ("leaves", ("captioner.errors", "captioner.utils", "captioner.settings", "captioner.tokens", "captioner.version")),
     ("data", ("captioner.data",)),
     ("models and decoding", ("captioner.models", "captioner.decoding")),
-    ("config and checkpoints", ("captioner.config", "captioner.checkpoint")),
-    ("training, evaluation, drawing", ("captioner.training", "captioner.evaluation", "captioner.visualisation",
-                                       "captioner.feature_extraction")),
+    ("config and checkpoints", ("captioner.config", "captioner.checkpoint", "captioner.export.folder")),
+    ("training, evaluation, drawing, exporting", ("captioner.training", "captioner.evaluation", "captioner.visualisation",
+                                                  "captioner.feature_extraction", "captioner.export")),
     ("the predictor", ("captioner.predictor",)),
     ("commands", ("captioner.evaluation.evaluate", "captioner.report", "captioner.demo", "captioner.serve",
                   "captioner.cli", "captioner.__main__", "captioner")),
@@ -197,7 +197,7 @@ def test_the_layer_test_sees_an_import_inside_a_function_and_skips_annotations(t
 
 REFERENCE = re.compile(r"`~?(captioner(?:\.\w+)+)`")          # `captioner.x.y`, ``captioner.x``, :func:`~captioner.x`
 SETTING = re.compile(r"(?<![\w./-])((?:run|data|encoder|model|loss|train|decode)\.[a-z_]+(?:\.[a-z_]+)?)(?![\w/(*-])")
-FILE_NAME = (".json", ".yaml", ".py", ".pt", ".png", ".zip", ".txt")
+FILE_NAME = (".json", ".yaml", ".py", ".pt", ".png", ".zip", ".txt", ".onnx", ".safetensors")
 OLD_LAYOUT = {"train.label_smoothing"}                          # named where translate_legacy reads it
 
 

@@ -335,7 +335,7 @@ def test_data_coco_then_train_and_evaluate_through_the_command_line(server, tmp_
     assert main(["data", "coco", "--root", str(root)]) == 0
     out = capsys.readouterr().out
     assert "train 8 images (40 captions), val 2 images (10 captions), test 2 images (10 captions)" in out
-    assert f"captioner train configs/coco_soft.yaml data.karpathy={root}/dataset_coco.json" in out
+    assert f"captioner train coco_soft data.karpathy={root}/dataset_coco.json" in out
     setup = json.loads((root / "coco_setup.json").read_text())
     assert setup["year"] == 2014 and setup["split"] == "karpathy" and setup["sources"]["split"].startswith("Karpathy's")
     assert json.loads((root / "vocab.json").read_text())["words"][4] == "dog"     # in every caption, 5+ times

@@ -14,9 +14,9 @@ import yaml
 
 from captioner.checkpoint import load_checkpoint
 from captioner.cli import main
-from captioner.config import load_config
+from captioner.config import load_config, recipes
 from captioner.data.shapes import generate_shapes
-from captioner.demo import CONFIG_DIR, DEMO_RUNS, FAST_OVERRIDES, LinePrefixer, default_processes, ensure_shapes, \
+from captioner.demo import DEMO_RUNS, FAST_OVERRIDES, LinePrefixer, default_processes, ensure_shapes, \
     reset_stale_features, shapes_overrides, train_on_workers, train_run
 from captioner.errors import CaptionerError
 
@@ -49,7 +49,7 @@ def test_demo_fast_writes_the_summary_figures_and_report(tmp_path, capfd):
     # A run trained on two worker processes takes the steps of the same run in this process (dropout off: its
     # draws differ between ranks).
     again = tmp_path / "again"
-    config = {name: load_config(CONFIG_DIR / "demo_none.yaml", shapes_overrides(data, out / "features") + FAST_OVERRIDES
+    config = {name: load_config(recipes()["demo_none"], shapes_overrides(data, out / "features") + FAST_OVERRIDES
                                 + ["model.lstm.dropout=0", f"run.out={again / name}"]) for name in ("workers", "here")}
     (name, row), = train_on_workers([("workers", config["workers"], 2)], again, 2)
     train_run("here", config["here"])
@@ -124,7 +124,7 @@ def test_the_demo_empties_only_a_feature_cache_it_made(tmp_path):
 
 def test_a_failing_run_fails_the_demo_with_its_error_and_leaves_no_worker(tmp_path):
     missing = tmp_path / "no_shapes_here"
-    config = load_config(CONFIG_DIR / "demo_soft.yaml", shapes_overrides(missing, tmp_path / "features")
+    config = load_config(recipes()["demo_soft"], shapes_overrides(missing, tmp_path / "features")
                          + FAST_OVERRIDES + [f"run.out={tmp_path / 'soft'}"])
     with pytest.raises(CaptionerError, match="no finished feature cache"):     # the ranks' error, raised here
         list(train_on_workers([("soft", config, 2), ("none", config, 1)], tmp_path, 2))

@@ -175,7 +175,7 @@ def test_crafted_checkpoint_is_refused_and_runs_no_code(tmp_path, capsys):
     ("truncate", "truncated or damaged"),
     ("empty", r"file is empty \(0 bytes\)"),
     ("text", "not a readable checkpoint"),                           # KeyError inside torch's unpickler
-    ("folder", "is a folder, not a checkpoint file"),
+    ("folder", "is a folder, neither a checkpoint file nor an exported model"),
 ])
 def test_a_damaged_checkpoint_file_is_one_line_naming_it(checkpoint, tmp_path, capsys, damage, message):
     data = checkpoint.read_bytes()

@@ -675,8 +675,8 @@ def next_commands(root: str | Path) -> list[str]:
             f"data.karpathy={root / 'dataset_coco.json'}", f"data.image_root={root}", f"data.vocab={root / 'vocab.json'}",
             "data.instances=" + json.dumps({"val": instances, "test": instances}),
             f"data.features={root / 'features_vgg19'}"))
-    return [f"captioner train configs/coco_soft.yaml{overrides}",
-            f"captioner cache-features configs/coco_soft.yaml{overrides}"]
+    return [f"captioner train coco_soft{overrides}",
+            f"captioner cache-features coco_soft{overrides}"]
 
 
 def format_summary(result: dict) -> str:

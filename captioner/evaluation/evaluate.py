@@ -9,6 +9,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from captioner.checkpoint import checkpoint_digest, checkpoint_folder
 from captioner.data.dataset import CaptionDataset, make_dataset
 from captioner.data.readers import read_split
 from captioner.errors import CaptionerError
@@ -23,7 +24,7 @@ from captioner.evaluation.grounding import (
 )
 from captioner.evaluation.shapes_metrics import shapes_scores
 from captioner.predictor import Predictor
-from captioner.utils import file_sha256, resolve_device, write_file
+from captioner.utils import resolve_device, write_file
 
 if TYPE_CHECKING:
     from captioner.config import Config
@@ -51,12 +52,13 @@ def _targets(config: Config, split: str, required: bool = False):
 def evaluate_checkpoint(checkpoints: str | Path | Sequence[str | Path], split: str = "test", *,
                         beam_size: int | None = None, out_dir: str | Path | None = None, overrides: Sequence[str] = (),
                         device: str = "auto", spice: bool = False, progress: bool = True,
-                        n_best: int | None = None) -> dict:
+                        n_best: int | None = None, runtime: str = "torch") -> dict:
     """Scores of the checkpoint (or the ensemble of ``checkpoints``) on ``split``; writes ``captions_{split}.json``
-    (COCO results format) and ``scores_{split}.json`` into ``out_dir`` (default: the first checkpoint's folder),
+    (COCO results format) and ``scores_{split}.json`` into ``out_dir`` (default: the first checkpoint's folder, or the export folder itself),
     and with ``n_best > 1`` the n best captions of every image with their log-probabilities, ``nbest_{split}.json``.
 
-    The scores: BLEU-1..4, METEOR, ROUGE-L, CIDEr (SPICE on request); ``decode``, the settings used;
+    The scores: BLEU-1..4, METEOR, ROUGE-L, CIDEr (SPICE on request); ``decode``, the settings used, and
+    ``runtime``, what ran the model (torch, or ONNX Runtime: :meth:`~captioner.predictor.Predictor.load`);
     ``diversity`` (:mod:`captioner.evaluation.diversity`); ``attention``, the sharpness statistics of
     :func:`~captioner.evaluation.attention_stats.attention_statistics` (without the per-region list); on the
     shapes data object precision and relation accuracy; wherever the config names an instances file for the
@@ -64,7 +66,7 @@ def evaluate_checkpoint(checkpoints: str | Path | Sequence[str | Path], split: s
     images the file holds."""
     refuse_file_as_folder(out_dir)
     predictor = Predictor.load(checkpoints, device=resolve_device(device), overrides=overrides, beam=beam_size,
-                               n_best=n_best)
+                               n_best=n_best, runtime=runtime)
     model, vocab, config, settings = predictor.model, predictor.vocab, predictor.config, predictor.settings
     dataset = split_dataset(config, split, vocab, model)
     generations = predictor.generate(dataset, progress=progress)
@@ -73,10 +75,11 @@ def evaluate_checkpoint(checkpoints: str | Path | Sequence[str | Path], split: s
     scores = score_captions({r.image_id: r.captions for r in dataset.records}, texts, spice=spice)
     paths = [checkpoints] if isinstance(checkpoints, (str, Path)) else list(checkpoints)
     scores.update(images=len(texts), unreadable_images=unreadable, beam=settings.beam, decode=asdict(settings),
-                  checkpoint_sha256=[file_sha256(path) for path in paths], overrides=list(overrides),
+                  checkpoint_sha256=[checkpoint_digest(path) for path in paths], overrides=list(overrides),
+                  runtime=runtime,
                   diversity=diversity_measures(texts))
     scores.update(_attention_scores(generations, vocab, config, split, tuple(model.encoder.grid), texts))
-    out_dir = Path(out_dir) if out_dir else Path(paths[0]).parent
+    out_dir = Path(out_dir) if out_dir else checkpoint_folder(paths[0])
     write_coco_results(texts, out_dir / f"captions_{split}.json")
     write_file(out_dir / f"scores_{split}.json", json.dumps(scores, indent=2))
     if settings.n_best > 1:
@@ -127,7 +130,8 @@ def ground_checkpoint(checkpoint: str | Path, split: str = "test", *, beam_size:
     """Attention grounding of ``checkpoint``'s captions on ``split`` (with ``references``: of its attention while
     it reads the split's reference captions) against the instances file its config names (``data.instances``:
     shapes boxes or COCO masks); writes ``grounding_{split}.json`` (``grounding_references_{split}.json``) into
-    ``out_dir`` (default: the checkpoint's folder)."""
+    ``out_dir`` (default: the checkpoint's folder, or the export folder itself), with the checkpoint's SHA-256 and
+    the overrides, as evaluate records them."""
     refuse_file_as_folder(out_dir)
     predictor = Predictor.load(checkpoint, device=resolve_device(device), overrides=overrides, beam=beam_size)
     model, vocab, config = predictor.model, predictor.vocab, predictor.config
@@ -147,8 +151,9 @@ def ground_checkpoint(checkpoint: str | Path, split: str = "test", *, beam_size:
     grounding = ground(generations, vocab, targets, image_sizes, tuple(model.encoder.grid))
     if grounding is None:
         raise CaptionerError(f"{checkpoint}: this decoder reports no attention maps (model.lstm.attention=none)")
-    grounding["unreadable_images"] = unreadable
-    out_dir = Path(out_dir) if out_dir else Path(checkpoint).parent
+    grounding.update(unreadable_images=unreadable, checkpoint_sha256=[checkpoint_digest(checkpoint)],
+                     overrides=list(overrides), references=references)
+    out_dir = Path(out_dir) if out_dir else checkpoint_folder(checkpoint)
     name = f"grounding_references_{split}.json" if references else f"grounding_{split}.json"
     write_file(out_dir / name, json.dumps(grounding, indent=2))
     return grounding

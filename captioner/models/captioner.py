@@ -82,7 +82,9 @@ class Captioner(nn.Module):
 
     @property
     def device(self) -> torch.device:
-        return next(self.decoder.parameters()).device
+        """Where the weights are: the CPU for a model run by another runtime (ONNX Runtime), which has none here."""
+        weight = next(self.decoder.parameters(), None)
+        return torch.device("cpu") if weight is None else weight.device
 
     def regions(self, *, images: torch.Tensor | None = None, features: torch.Tensor | None = None) -> torch.Tensor:
         """Region features (B, L, D): encoded from ``images`` (B, 3, H, W), or ``features`` from a cache as they are."""

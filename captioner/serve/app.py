@@ -56,6 +56,7 @@ log = logging.getLogger(__name__)
 
 STATIC = Path(__file__).resolve().parent / "static"
 MAX_BEAM = 10
+BACKLOG = 2048      # connections waiting to be accepted: uvicorn's own default, which it sets again when it starts
 """Largest beam size a request may ask for."""
 FORM_LIMITS = {"max_files": 1, "max_fields": 8, "max_part_size": 1024}
 """What a caption or figure request's form may hold besides the image: its short fields, no other file."""
@@ -266,7 +267,8 @@ def serve(checkpoints: Sequence[str], *, host: str = "127.0.0.1", port: int = 80
 
 
 def _listening_socket(host: str, port: int) -> socket.socket:
-    """A TCP socket bound to ``host:port`` (port 0: a free one); raises
+    """A TCP socket bound to ``host:port`` (port 0: a free one) and listening, so that a client who connects as soon as
+    the address is announced waits in the backlog until uvicorn accepts, instead of being refused; raises
     :class:`~captioner.errors.CaptionerError` naming the address when it cannot be had."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     listening = socket.socket(family, socket.SOCK_STREAM)
@@ -276,6 +278,7 @@ def _listening_socket(host: str, port: int) -> socket.socket:
     except OSError as err:      # taken, not this machine's address, an unknown name
         listening.close()
         raise CaptionerError(f"{host}:{port}: cannot listen there ({err.strerror or err})") from None
+    listening.listen(BACKLOG)
     return listening
 
 

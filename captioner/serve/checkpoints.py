@@ -15,6 +15,7 @@ from PIL import Image
 from captioner.data.images import TO_FLOAT, image_transform, load_image_reduced
 from captioner.data.vocabulary import Vocabulary
 from captioner.decoding.search import DecodeConfig, Generation
+from captioner.export.folder import is_export
 from captioner.models.captioner import DECODERS
 from captioner.predictor import Predictor
 
@@ -86,13 +87,14 @@ class ServedModel:
 
 def load_served_models(paths: Sequence[str | Path], device: torch.device, overrides: Sequence[str] = (), *,
                        beam: int | None = None, max_pixels: int | None = None) -> dict[str, ServedModel]:
-    """Load every checkpoint once, named by its run folder (``runs/demo/soft/best.pt`` -> ``soft``; a name
-    taken already gets ``-2``, ``-3``, ...), in the order given. ``overrides`` apply to every checkpoint's
+    """Load every checkpoint once, named by its run folder (``runs/demo/soft/best.pt`` -> ``soft``; an export
+    folder by its own name; a name taken already gets ``-2``, ``-3``, ...), in the order given. ``overrides`` apply to every checkpoint's
     config; ``beam`` and ``max_pixels`` replace their ``decode.beam`` and ``data.max_pixels``."""
     served: dict[str, ServedModel] = {}
     for path in map(Path, paths):
         predictor = Predictor.load(path, device=device, overrides=overrides, beam=beam, max_pixels=max_pixels)
-        name = _unique(Path(str(predictor.config.run.out)).name or path.parent.name, served)
+        name = _unique((path.resolve().name if is_export(path) else Path(str(predictor.config.run.out)).name)
+                       or path.parent.name, served)
         served[name] = ServedModel(name, path, predictor.vocab, predictor.config, predictor.settings,
                                    predictor.max_pixels, image_transform(predictor.model.encoder, to_float=False),
                                    predictor.grid, predictor.image_size, predictor)

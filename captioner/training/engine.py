@@ -54,6 +54,7 @@ from captioner.training.precision import Precision, amp_dtype, autocast, choose_
 from captioner.training.run_io import GracefulStop, MetricsLogger
 from captioner.training.scst import SelfCritical, metric_reward
 from captioner.utils import describe_device, rng_state, seed_everything, set_rng_state
+from captioner.version import __version__
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +71,8 @@ class TrainState:
     train_seconds: float = 0.0      # training time of the whole run, resumed parts included
     words_per_s: float | None = None
     amp: bool | None = None         # train.amp as decided when the run started (None: not yet)
+    train_images: int = 0           # the training split's images and captions (what a model card states)
+    train_captions: int = 0
     skipped_images: list[str] = field(default_factory=list)
 
 
@@ -110,7 +113,7 @@ class Run:
         save_checkpoint({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                          "scheduler": self.scheduler.state_dict(), "loss": self.loss.state_dict(),
                          "progress": asdict(state), "rng": rng_state(), "vocab": self.vocab.to_dict(),
-                         "config": self.config.to_dict()}, self.dir / f"{name}.pt")
+                         "config": self.config.to_dict(), "captioner_version": __version__}, self.dir / f"{name}.pt")
 
 
 def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool, world: World) -> None:
@@ -529,6 +532,7 @@ def _train(config: Config, world: World, device: torch.device, *, resume: bool, 
         clear_replaced_run(run_dir, world)
     state = restore(run, checkpoint) if checkpoint else TrainState()
     run.precision = decide_precision(run, state)
+    state.train_images, state.train_captions = len(run.loaders["xe"].dataset.records), len(run.loaders["xe"].dataset)
     if world.is_main:
         for fact in startup_facts(run):
             log.info(fact)
