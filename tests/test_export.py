@@ -265,3 +265,10 @@ def test_every_command_takes_an_export_folder(evaluated_run, tiny_coco, tmp_path
     start = train(tiny_config(tiny_coco, tmp_path / "tuned", train={"epochs": 1, "init_from": str(folder)}),
                   progress=False)
     assert load_checkpoint(start["checkpoint"])["vocab"] == load_checkpoint(folder)["vocab"]
+
+
+def test_onnx_export_on_a_torch_too_old_for_it_is_one_line(served_checkpoints, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("torch.__version__", "2.10.0+cpu")
+    assert main(["export", served_checkpoints["soft"], "--out", str(tmp_path / "old"), "--onnx"]) == 1
+    assert "ONNX export needs torch 2.11 or newer, this is 2.10.0+cpu" in one_line_error(capsys)
+    assert list(tmp_path.iterdir()) == []

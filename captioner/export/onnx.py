@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import re
 import warnings
 from pathlib import Path
 
@@ -37,6 +38,7 @@ from captioner.models.encoder import Encoder
 
 
 ENCODER, DECODER_INIT, DECODER_STEP = "encoder.onnx", "decoder_init.onnx", "decoder_step.onnx"
+EXPORTER_RELEASE = (2, 11)      # torch 2.9 fails to export the step, 2.10 drops the Transformer's empty caches
 EXAMPLE_IMAGES, EXAMPLE_ROWS, EXAMPLE_WORDS = 2, 3, 2    # what the graphs are traced with: 2 images, 3 rows each,
                                                          # after 2 words (no size of 0 or 1 for export to fix)
 
@@ -104,6 +106,10 @@ def export_onnx(model: Captioner, out: Path) -> dict:
     encoder prepared for inference) into ``out``; returns their description for ``config.json`` (see the module's
     docstring). Hard attention with ``model.lstm.hard_decode=sample`` is refused: its draws would come from ONNX
     Runtime's generator, not captioner's."""
+    release = tuple(int(part) for part in re.findall(r"\d+", torch.__version__)[:2])
+    if release < EXPORTER_RELEASE:
+        raise CaptionerError(f"ONNX export needs torch {'.'.join(map(str, EXPORTER_RELEASE))} or newer, this is "
+                             f"{torch.__version__} (its exporter fails on these graphs): pip install 'torch>=2.11,<2.15'")
     decoder, encoder = model.decoder, model.encoder
     if getattr(getattr(decoder, "config", None), "hard_decode", "argmax") == "sample" and getattr(decoder, "hard", False):
         raise CaptionerError("model.lstm.hard_decode=sample draws attention locations at random: export with "

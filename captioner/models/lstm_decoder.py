@@ -369,8 +369,8 @@ class LSTMDecoder(nn.Module):
         terms = torch.addmm(carrier, h, hidden_weight)                 # (n, 4H [+ A] [+ G])
         sizes = [4 * self.config.hidden_dim] + [m.weight.shape[0] for m in self.hidden_maps()]
         gates, *rest = terms.split(sizes, dim=1)
-        query = rest.pop(0) if self.attention.query_projection is not None else None
-        gate_logit = rest.pop(0) if self.gate is not None else None
+        query = rest[0] if self.attention.query_projection is not None else None
+        gate_logit = rest[-1] if self.gate is not None else None        # list or tuple: torch.compile gives either
         z, alpha, info = self.context(regions, keys, h, expectation_rows, query, gate_logit)
         h, c = self.lstm_pointwise(torch.addmm(gates, z, context_weight), c)
         return h, c, z, alpha, info
