@@ -8,6 +8,11 @@ stops early). With the cache every step runs one position through the layers; wi
 re-runs the whole prefix, cross-attention keys and values included. Both searches must return the same
 captions; the speed-up is the ratio of their images/s.
 
+Against the LSTM (``recipes_float32``): the training step of the ``flickr8k_transformer`` recipe's decoder against
+that of ``flickr8k_soft``, each with its own loss section, at the recipes' sizes (VGG-19 regions 14 x 14 x 512,
+batch 64, the Flickr8k-800 vocabulary's size), float32, the two stepped in turn on the same batches: target words/s
+of each and their ratio per pair (above 1: the Transformer is faster).
+
     python benchmarks/bench_transformer.py [--quick] [--threads N] [--device auto|cpu|cuda]
 """
 
@@ -15,7 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
+import statistics
 import time
 from dataclasses import asdict
 from functools import partial
@@ -27,12 +32,16 @@ from common import (
     RULES,
     VOCAB,
     add_arguments,
+    machine_facts,
     random_captions,
     setup,
     training_step,
 )
 
+from captioner.config import load_config
 from captioner.decoding.search import beam_search
+from captioner.models.captioner import build_decoder
+from captioner.training.losses import build_loss
 from captioner.models.transformer_decoder import (
     TransformerDecoder,
     TransformerDecoderConfig,
@@ -64,6 +73,48 @@ def bench_training(decoder: TransformerDecoder, device: torch.device, steps: int
     return {"words_per_s": round(words / (time.perf_counter() - started), 1), "steps": steps, "batch": batch}
 
 
+FLICKR_VOCAB = 1_075     # words of the flickr8k-800 training captions seen 3+ times, specials included (the recipes')
+
+
+def bench_recipes(device: torch.device, pairs: int, batch: int = 64) -> dict:
+    """Training words/s of the two Flickr recipes' decoders and losses, stepped in turn (see the module docstring)."""
+    generator = torch.Generator().manual_seed(0)
+    features = torch.randn(batch, REGIONS, REGION_DIM, generator=generator).to(device)
+    steps, settings = {}, {}
+    for name in ("flickr8k_soft", "flickr8k_transformer"):
+        config = load_config(name, ["train.amp=false"])
+        decoder = build_decoder(config.model, FLICKR_VOCAB, REGION_DIM, (14, 14)).to(device).train()
+        loss = build_loss(decoder, config.loss)
+        optimizer = torch.optim.Adam(decoder.parameters(), lr=1e-4, fused=device.type != "mps")
+
+        def step(captions, decoder=decoder, loss=loss, optimizer=optimizer) -> int:
+            out = loss(decoder(features, captions), captions[:, 1:])
+            optimizer.zero_grad(set_to_none=True)
+            out["loss"].backward()
+            optimizer.step()
+            return int(out["words"])
+
+        steps[name] = step
+        chosen = {k: v for k, v in asdict(config.model.chosen).items() if k not in ("vocab_size", "region_dim", "grid")}
+        settings[name] = {"decoder": config.model.decoder, **chosen, "loss": asdict(config.loss)}
+    batches = [random_captions(batch, generator, FLICKR_VOCAB).to(device) for _ in range(pairs + 1)]
+    rates: dict[str, list[float]] = {name: [] for name in steps}
+    for step in steps.values():
+        step(batches[0])                      # warm-up
+    for captions in batches[1:]:
+        for name, step in steps.items():
+            synchronise(device)
+            started = time.perf_counter()
+            words = step(captions)
+            synchronise(device)
+            rates[name].append(words / (time.perf_counter() - started))
+    ratios = [t / s for s, t in zip(rates["flickr8k_soft"], rates["flickr8k_transformer"])]
+    return {"words_per_s": {name: round(statistics.median(r), 1) for name, r in rates.items()},
+            "transformer_over_lstm": {"median": round(statistics.median(ratios), 3), "min": round(min(ratios), 3),
+                                      "max": round(max(ratios), 3)},
+            "pairs": pairs, "batch": batch, "vocabulary": FLICKR_VOCAB, "settings": settings}
+
+
 def bench_beam(decoder, features: torch.Tensor, batch: int, beam: int = 3, length: int = 20) -> tuple[float, list]:
     """Images/s of beam search over ``features`` in batches, and the captions it found."""
     search = partial(beam_search, decoder, beam_size=beam, max_length=length, rules=RULES)
@@ -84,8 +135,9 @@ def main() -> None:
                                       num_heads=8, ffn_dim=2048, dropout=0.1)
     decoder = TransformerDecoder(config).to(device)
     result = {"device": str(device), "threads": torch.get_num_threads(), "torch": torch.__version__,
-              "machine": platform.machine(), "config": asdict(config)}
+              "machine": machine_facts(), "config": asdict(config)}
     result["training"] = bench_training(decoder, device, steps=2 if args.quick else 4)
+    result["recipes_float32"] = bench_recipes(device, pairs=3 if args.quick else 9)
 
     decoder.eval()
     with torch.no_grad():

@@ -28,7 +28,7 @@ import socket
 import sys
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -133,13 +133,14 @@ def demo_figures(checkpoint: Path, out_dir: Path, count: int) -> list[str]:
     return paths
 
 
-def figures_of(name: str, checkpoint: Path, out: Path, started: float) -> list[str]:
+def figures_of(name: str, checkpoint: Path, out: Path, started: float, training: Sequence[str]) -> list[str]:
     """:func:`demo_figures` of run ``name``'s ``checkpoint`` into ``out/figures``; says how long after the demo's
-    start its model and figures were ready, and how to use them."""
+    start its model and figures were ready, how to use them, and which runs are still ``training``."""
     print(f"\n== captions and attention figures ({name}) ==", flush=True)
     figures = demo_figures(checkpoint, out / "figures", FIGURE_IMAGES)
+    still = f"runs still to finish: {', '.join(training)}; meanwhile, try " if training else "try "
     print(f"'{name}' model and its attention figures ready {time.perf_counter() - started:.0f} s after the start: "
-          f"{checkpoint}, {Path(figures[0]).parent}/ (the other runs go on training; meanwhile, try "
+          f"{checkpoint}, {Path(figures[0]).parent}/ ({still}"
           f"`captioner caption IMAGE --checkpoint {checkpoint}`)", flush=True)
     return figures
 
@@ -195,11 +196,12 @@ def run_demo(out: Path, data_dir: Path, fast: bool = False, runs: tuple[str, ...
     def on_finished(name: str, row: dict) -> None:
         summary["runs"][name] = finished(name, row, started)
         if name == shown:
-            summary["figures"] = figures_of(shown, Path(row["checkpoint"]), out, started)
+            summary["figures"] = figures_of(shown, Path(row["checkpoint"]), out, started,
+                                            [n for n in configs if n not in summary["runs"]])
             summary["figures_after_seconds"] = round(time.perf_counter() - started, 1)
 
     if shown not in runs:                        # kept from an earlier demo: its figures drawn now
-        summary["figures"] = figures_of(shown, Path(summary["runs"][shown]["checkpoint"]), out, started)
+        summary["figures"] = figures_of(shown, Path(summary["runs"][shown]["checkpoint"]), out, started, list(configs))
     processes = processes or default_processes(configs)
     if processes == 1:
         print(f"\n== training {len(configs)} run(s) one after the other in this process ==", flush=True)

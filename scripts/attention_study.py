@@ -1,5 +1,5 @@
-"""Why is attention flat on real photos, and what makes it attend? The study behind the README's
-"Attention on real photos" section, reproducible with this script.
+"""Why is attention flat on real photos, and what makes it attend? And what makes the Transformer decoder as good
+as the LSTM on them? The two studies behind the README's "Real photos" section, reproducible with this script.
 
 Each variant is the Flickr recipe as it was before the study (``configs/flickr8k_soft.yaml`` with ``BEFORE``:
 VGG-19 conv5_4 14x14x512, cached, lambda 1 per caption) with
@@ -15,6 +15,14 @@ CPU) on the 700 training photos of ``../shared/data/flickr8k-800``, then
     python scripts/attention_study.py --table                                 # the table of what has run
     python scripts/attention_study.py --categories ln_word_0.05_s0            # coco-mini pointing per category
 
+The Transformer study (:data:`TRANSFORMER_VARIANTS`) starts from the ``flickr8k_transformer`` recipe as it ships
+instead, and ``soft`` / ``transformer`` are the two recipes as they ship, for comparing them at the same budget
+(each variant's ``--epochs`` overrides its recipe's; without it, the recipe's own epochs)::
+
+    python scripts/attention_study.py --variants soft transformer --seeds 0 1 2
+    python scripts/attention_study.py --blocking soft_s0 transformer_s0     # CIDEr with and without blocking
+    python scripts/attention_study.py --layers transformer_s0               # coco-mini pointing by layer, and of their mean
+
 Results go to ``runs/attention_study/VARIANT_sSEED/`` and one line per run to
 ``runs/attention_study/results.jsonl``. Never commit them: they derive from research-only photos.
 """
@@ -23,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import subprocess
 import sys
 import time
@@ -30,12 +39,13 @@ from pathlib import Path
 
 import torch
 
-from captioner.config import load_config
+from captioner.config import load_config, recipes
 from captioner.evaluation.evaluate import evaluate_checkpoint, ground_checkpoint
 from captioner.training.engine import train
+from captioner.utils import LOG_FORMAT
 
 ROOT = Path(__file__).resolve().parent.parent
-CONFIG = ROOT / "configs" / "flickr8k_soft.yaml"
+CONFIG = recipes()["flickr8k_soft"]
 COCO_MINI = ROOT.parent / "shared" / "data" / "coco-mini"
 OUT = ROOT / "runs" / "attention_study"
 FEATURES = ROOT / "runs" / "features"
@@ -103,6 +113,46 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
 }
 
 
+# The shipped recipes, and the Transformer study: name -> (what it changes, overrides on the draft). The draft is
+# flickr8k_transformer with TRANSFORMER_DRAFT (2 layers, alpha from the last layer, trigram blocking, 16 epochs);
+# the levers were run on it with --epochs 32.
+RECIPES = {"soft": ("the soft-attention recipe as it ships (flickr8k_soft)", "flickr8k_soft"),
+           "transformer": ("the Transformer recipe as it ships (flickr8k_transformer)", "flickr8k_transformer")}
+TRANSFORMER_DRAFT = ["model.transformer.num_layers=2", "model.transformer.attention_layer=-1", "decode.block_ngram=3",
+                     "train.epochs=16"]
+TRANSFORMER_VARIANTS: dict[str, tuple[str, list[str]]] = {
+    "tf_draft": ("the draft recipe: 2 layers, alpha from the last layer, trigram blocking", []),
+    "tf_coco_sizes": ("the COCO recipe's sizes: d_model 512, 3 layers, 8 heads, FFN 2048, dropout 0.1",
+                      ["model.transformer.d_model=512", "model.transformer.num_layers=3", "model.transformer.num_heads=8",
+                       "model.transformer.ffn_dim=2048", "model.transformer.dropout=0.1"]),
+    "tf_d512": ("d_model 512, 8 heads, FFN 2048 (2 layers)", ["model.transformer.d_model=512",
+                "model.transformer.num_heads=8", "model.transformer.ffn_dim=2048"]),
+    "tf_layers3": ("3 layers", ["model.transformer.num_layers=3"]),
+    "tf_dropout0.1": ("dropout 0.1", ["model.transformer.dropout=0.1"]),
+    "tf_dropout0.5": ("dropout 0.5", ["model.transformer.dropout=0.5"]),
+    "tf_region_norm": ("LayerNorm over each region's VGG features before the projection, as the LSTM recipe",
+                       ["model.transformer.region_norm=layer"]),
+    "tf_layers3_region_norm": ("3 layers, and LayerNorm over the VGG features", ["model.transformer.num_layers=3",
+                               "model.transformer.region_norm=layer"]),
+    "tf_layers4": ("4 layers", ["model.transformer.num_layers=4"]),
+}
+
+
+def base_of(name: str) -> tuple[Path, list[str]]:
+    """The config a variant starts from and the overrides that come before its own."""
+    if name in RECIPES:
+        return recipes()[RECIPES[name][1]], []
+    if name in TRANSFORMER_VARIANTS:
+        return recipes()["flickr8k_transformer"], TRANSFORMER_DRAFT
+    return CONFIG, BEFORE
+
+
+def described(name: str) -> tuple[str, list[str]]:
+    if name in RECIPES:
+        return RECIPES[name][0], []
+    return (TRANSFORMER_VARIANTS | VARIANTS)[name]
+
+
 def coco_mini_overrides(features: str | None) -> list[str]:
     """Evaluation on coco-mini as split 'test' (official captions and instance files)."""
     annotations = COCO_MINI / "annotations"
@@ -126,11 +176,13 @@ def ensure_cache(config: dict, folder: Path, overrides: list[str]) -> None:
                     f"data.features={folder}", "--splits", *config], check=True)
 
 
-def run_variant(name: str, seed: int, epochs: int, reuse: bool = False) -> dict:
-    description, overrides = VARIANTS[name]
-    out = OUT / f"{name}_s{seed}"
-    config = load_config(CONFIG, [*BEFORE, *overrides, f"run.seed={seed}", f"train.epochs={epochs}", f"run.out={out}",
-                                  "train.early_stopping=0", "train.wandb=disabled"])
+def run_variant(name: str, seed: int, epochs: int | None, reuse: bool = False) -> dict:
+    description, overrides = described(name)
+    base, before = base_of(name)
+    out = OUT / (f"{name}_s{seed}" + (f"_e{epochs}" if epochs else ""))      # --epochs: a run of its own
+    config = load_config(base, [*before, *overrides, f"run.seed={seed}", f"run.out={out}", "train.early_stopping=0",
+                                "train.wandb=disabled", *([f"train.epochs={epochs}"] if epochs else [])])
+    epochs = config.train.epochs
     encoder_overrides = [o for o in overrides if o.startswith("encoder.")]
     ensure_cache(["train", "val"], Path(config.data.features), encoder_overrides)
     coco_features = str(Path(config.data.features).with_name(Path(config.data.features).name + "_coco_mini"))
@@ -148,9 +200,10 @@ def run_variant(name: str, seed: int, epochs: int, reuse: bool = False) -> dict:
         coco = evaluate_checkpoint(result["checkpoint"], "test", beam_size=3, out_dir=out / "coco_mini",
                                    overrides=coco_mini_overrides(coco_features), progress=False)
         references = grade_references(result["checkpoint"], coco_features, out / "coco_mini")
-    row = {"variant": name, "seed": seed, "epochs": epochs, "description": description, "overrides": overrides,
+    row = {"variant": name, "seed": seed, "epochs": epochs, "run": out.name, "description": description, "overrides": overrides,
            "train_seconds": round(seconds, 1), "best_epoch_metric": result["best"],
            "val": {k: val.get(k) for k in ("BLEU-1", "BLEU-4", "METEOR", "CIDEr")}, "val_attention": val.get("attention"),
+           "val_diversity": val.get("diversity"), "precision": torch.load(out / "last.pt", weights_only=True)["progress"]["amp"],
            "coco_mini": {k: coco.get(k) for k in ("BLEU-4", "CIDEr")}, "coco_mini_attention": coco.get("attention"),
            "coco_mini_grounding": coco.get("grounding"), "coco_mini_reference_grounding": references}
     with (OUT / "results.jsonl").open("a") as handle:
@@ -165,17 +218,24 @@ def ensure_coco_cache(folder: str, encoder_overrides: list[str]) -> None:
                     *coco_mini_overrides(folder), "--splits", "test"], check=True)
 
 
+def run_name(row: dict) -> str:
+    """The folder of a row's run (rows written before ``run`` was recorded: ``VARIANT_sSEED``)."""
+    return row.get("run") or f"{row['variant']}_s{row['seed']}"
+
+
 def table(rows: list[dict]) -> str:
     def cell(value, digits=3):
         return "–" if value is None else f"{value:.{digits}f}"
 
-    lines = ["| variant | seed | val CIDEr | val BLEU-4 | val METEOR | entropy (uniform 5.28) | peak / uniform | "
-             "coco-mini pointing, own captions (words) | on the references (words) | uniform | centre | train s |",
-             "|" + "---|" * 12]
+    lines = ["| variant | seed | epochs | val CIDEr | val BLEU-4 | val METEOR | repeated bigram | dangling end | "
+             "entropy (uniform 5.28) | peak / uniform | coco-mini pointing, own captions (words) | on the references "
+             "(words) | uniform | centre | train s |", "|" + "---|" * 15]
     for r in rows:
         a, g, h = r.get("val_attention") or {}, r.get("coco_mini_grounding") or {}, r.get("coco_mini_reference_grounding") or {}
-        lines.append(f"| {r['variant']} | {r['seed']} | {cell(r['val']['CIDEr'])} | {cell(r['val']['BLEU-4'])} | "
-                     f"{cell(r['val']['METEOR'])} | {cell(a.get('mean_entropy'), 2)} | {cell(a.get('peak_ratio'), 1)} | "
+        d = r.get("val_diversity") or {}
+        lines.append(f"| {r['variant']} | {r['seed']} | {r['epochs']} | {cell(r['val']['CIDEr'])} | "
+                     f"{cell(r['val']['BLEU-4'])} | {cell(r['val']['METEOR'])} | {cell(d.get('repeated_bigram'), 2)} | "
+                     f"{cell(d.get('dangling_end'), 2)} | {cell(a.get('mean_entropy'), 2)} | {cell(a.get('peak_ratio'), 1)} | "
                      f"{cell(g.get('pointing_accuracy'))} ({g.get('words', '–')}) | "
                      f"{cell(h.get('pointing_accuracy'))} ({h.get('words', '–')}) | {cell(h.get('uniform_pointing'))} | "
                      f"{cell(h.get('centre_pointing'))} | {r['train_seconds']:.0f} |")
@@ -185,7 +245,7 @@ def table(rows: list[dict]) -> str:
 def category_table(rows: list[dict], run: str) -> str:
     """Pointing accuracy on coco-mini per COCO category of one run (``VARIANT_sSEED``), with word counts, on its
     own captions and on the human references it reads, beside the uniform and centre baselines."""
-    row = next((r for r in reversed(rows) if f"{r['variant']}_s{r['seed']}" == run), None)   # its latest run
+    row = next((r for r in reversed(rows) if run_name(r) == run), None)   # its latest run
     if row is None:
         raise SystemExit(f"{OUT / 'results.jsonl'}: no run {run}")
     own = (row.get("coco_mini_grounding") or {}).get("per_category", {})
@@ -206,9 +266,9 @@ def category_table(rows: list[dict], run: str) -> str:
 def grade_missing(rows: list[dict]) -> list[dict]:
     """Add the reference grounding to the rows of runs made before it was measured."""
     for row in rows:
-        checkpoint = OUT / f"{row['variant']}_s{row['seed']}" / "best.pt"
+        checkpoint = OUT / run_name(row) / "best.pt"
         if row.get("coco_mini_reference_grounding") is None and checkpoint.exists() and COCO_MINI.exists():
-            overrides = VARIANTS[row["variant"]][1]
+            overrides = described(row["variant"])[1]
             features = [o.split("=", 1)[1] for o in overrides if o.startswith("data.features=")]
             base = Path(features[0]) if features else FEATURES / "flickr8k_vgg19"
             row["coco_mini_reference_grounding"] = grade_references(
@@ -216,20 +276,94 @@ def grade_missing(rows: list[dict]) -> list[dict]:
     return rows
 
 
+# Decoding settings compared by --blocking: name -> decode overrides (every other decode setting the run's own).
+DECODINGS = {"no blocking": ["decode.block_ngram=0", "decode.no_dangling_end=false"],
+             "block_ngram 2": ["decode.block_ngram=2", "decode.no_dangling_end=false"],
+             "block_ngram 3": ["decode.block_ngram=3", "decode.no_dangling_end=false"],
+             "block_ngram 2, no_dangling_end": ["decode.block_ngram=2", "decode.no_dangling_end=true"]}
+
+
+def blocking_sweep(runs: list[str], decodings: list[str]) -> str:
+    """Each run's best checkpoint decoded on the validation photos (beam 3) with each of ``decodings`` (names in
+    :data:`DECODINGS`): does blocking repeated n-grams or dangling ends cost CIDEr? One line per decoding to
+    ``blocking.jsonl``, and a table."""
+    lines = ["| run | decoding | val CIDEr | val BLEU-4 | repeated bigram | dangling end | mean length |",
+             "|" + "---|" * 7]
+    for run in runs:
+        checkpoint = OUT / run / "best.pt"
+        if not checkpoint.exists():
+            raise SystemExit(f"{checkpoint}: no such checkpoint (train the run first)")
+        for name in decodings:
+            scores = evaluate_checkpoint(checkpoint, "val", beam_size=3, out_dir=OUT / run / name.replace(" ", "_"),
+                                         overrides=DECODINGS[name], progress=False)
+            d = scores["diversity"]
+            with (OUT / "blocking.jsonl").open("a") as handle:
+                handle.write(json.dumps({"run": run, "decoding": name, "CIDEr": scores["CIDEr"],
+                                         "BLEU-4": scores["BLEU-4"], "diversity": d}) + "\n")
+            lines.append(f"| {run} | {name} | {scores['CIDEr']:.3f} | {scores['BLEU-4']:.3f} | "
+                         f"{d['repeated_bigram']:.2f} | {d['dangling_end']:.2f} | {d['mean_length']:.1f} |")
+    return "\n".join(lines)
+
+
+def grounding_by_layer(run: str, maps: list[str] | None = None) -> str:
+    """coco-mini pointing of a Transformer run's cross-attention (mean over heads) layer by layer, and averaged
+    over the layers (``mean``), or only the ``maps`` named (layer numbers, ``mean``): on its own captions and
+    reading the references, beside the centre and uniform baselines."""
+    checkpoint = OUT / run / "best.pt"
+    if not checkpoint.exists():
+        raise SystemExit(f"{checkpoint}: no such checkpoint (train the run first)")
+    layers = torch.load(checkpoint, map_location="cpu", weights_only=True)["config"]["model"]["transformer"]["num_layers"]
+    features = str(FEATURES / "flickr8k_vgg19_coco_mini")
+    lines = ["| cross-attention | own captions: pointing (words) | centre | reading the references: pointing (words) | "
+             "centre | uniform |", "|" + "---|" * 6]
+    for shown in maps or [*map(str, range(layers)), "mean"]:
+        chosen = (["model.transformer.attention_map=mean"] if shown == "mean" else
+                  ["model.transformer.attention_map=layer", f"model.transformer.attention_layer={shown}"])
+        overrides = [*coco_mini_overrides(features), *chosen]
+        out = OUT / run / f"coco_mini_map_{shown}"
+        own = evaluate_checkpoint(checkpoint, "test", beam_size=3, out_dir=out, overrides=overrides,
+                                  progress=False)["grounding"]
+        read = ground_checkpoint(checkpoint, "test", overrides=overrides, out_dir=out, progress=False, references=True)
+        lines.append(f"| {'mean of the layers' if shown == 'mean' else f'layer {shown}'} | "
+                     f"{own['pointing_accuracy']:.3f} ({own['words']}) | {own['centre_pointing']:.3f} | "
+                     f"{read['pointing_accuracy']:.3f} ({read['words']}) | {read['centre_pointing']:.3f} | "
+                     f"{read['uniform_pointing']:.3f} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--variants", nargs="+", default=["baseline"], choices=sorted(VARIANTS))
+    parser.add_argument("--variants", nargs="+", default=["baseline"],
+                        choices=sorted([*VARIANTS, *TRANSFORMER_VARIANTS, *RECIPES]))
     parser.add_argument("--seeds", nargs="+", type=int, default=[0])
-    parser.add_argument("--epochs", type=int, default=12, help="the budget: epochs that take ~10 min on 2 cores")
+    parser.add_argument("--epochs", type=int, default=None, help="the budget (default: the recipe's train.epochs; the "
+                        "attention study ran 12, ~10 min on 2 cores)")
+    parser.add_argument("--only", nargs="+", metavar="VARIANT", help="with --table: only these variants' rows")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--reuse", action="store_true", help="score a variant's existing checkpoint instead of training")
     parser.add_argument("--table", action="store_true", help="print the table of results.jsonl and stop")
-    parser.add_argument("--categories", metavar="VARIANT_sSEED", help="print one run's coco-mini pointing per "
-                        "category and stop")
+    parser.add_argument("--categories", metavar="RUN", help="print one run's coco-mini pointing per category and "
+                        "stop (RUN: its folder's name, VARIANT_sSEED[_eEPOCHS])")
+    parser.add_argument("--blocking", nargs="+", metavar="RUN", help="decode these runs' best checkpoints with "
+                        "each of --decodings, print the table and stop")
+    parser.add_argument("--decodings", nargs="+", choices=list(DECODINGS), default=list(DECODINGS),
+                        help="with --blocking: the decodings compared (default: all)")
+    parser.add_argument("--layers", nargs="+", metavar=("RUN", "MAP"), help="a Transformer run's coco-mini pointing "
+                        "by cross-attention layer and averaged over them (or only the MAPs named: layer numbers, mean); "
+                        "print the table and stop")
     parser.add_argument("--grade", action="store_true", help="with --table: first add the reference grounding to "
                         "the runs that lack it (rewrites results.jsonl)")
     args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)     # each run's start-up facts (precision, ...)
     OUT.mkdir(parents=True, exist_ok=True)
+    if args.blocking:
+        torch.set_num_threads(args.threads)
+        print(blocking_sweep(args.blocking, args.decodings))
+        return
+    if args.layers:
+        torch.set_num_threads(args.threads)
+        print(grounding_by_layer(args.layers[0], args.layers[1:]))
+        return
     if not args.table and not args.categories:
         torch.set_num_threads(args.threads)
         for seed in args.seeds:
@@ -241,6 +375,8 @@ def main() -> None:
     if args.grade:
         rows = grade_missing(rows)
         results.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    if args.only:
+        rows = [row for row in rows if row["variant"] in args.only]
     print(category_table(rows, args.categories) if args.categories else table(rows))
 
 

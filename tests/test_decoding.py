@@ -69,6 +69,8 @@ def test_token_rules_by_hand():
     once = TokenRules(1, 2, block_ngram=1, unk_index=3, min_length=6)  # no word twice, no <unk>, no <end> yet
     assert banned(once, 0) == [0, 1, 2, 3, 4, 5, 6]
     assert banned(TokenRules(1, 2), 0) == [0, 1]                       # <start> and <pad>, always
+    assert banned(TokenRules(1, 2, open_words=(5, 6)), 0) == [0, 1, 2]  # no <end> right after "5"
+    assert banned(TokenRules(1, 2, open_words=(5, 6)), 1) == [0, 1]     # after "4" it may end
 
 
 def test_block_ngram_and_min_length_hold_in_every_search():
@@ -83,6 +85,18 @@ def test_block_ngram_and_min_length_hold_in_every_search():
     early = fond_of(lstm(), VOCAB.end_index)
     assert all(g.tokens == [] for g in decode(early, features(), VOCAB, DecodeConfig(beam=3)))
     assert all(len(g.tokens) >= 4 for g in decode(early, features(), VOCAB, DecodeConfig(beam=3, min_length=4)))
+
+
+@pytest.mark.parametrize("settings", [DecodeConfig(beam=1), DecodeConfig(beam=3), DecodeConfig(method="sample")],
+                         ids=["greedy", "beam", "sample"])
+def test_no_dangling_end_keeps_end_from_following_an_open_word(settings):
+    words = Vocabulary([*VOCAB.words[:4], "the", *VOCAB.words[5:]])           # "the" in place of w0
+    decoder = fond_of(fond_of(lstm(), words.index["the"], 12.0), words.end_index, 12.0)
+    settings = replace(settings, min_length=1, max_length=6, block_ngram=1)      # "the" once, then <end>
+    assert all(g.tokens[-1:] == [words.index["the"]] for g in decode(decoder, features(), words, settings))
+    guarded = decode(decoder, features(), words, replace(settings, no_dangling_end=True))
+    assert all(g.tokens and g.tokens[-1] != words.index["the"] or len(g.tokens) == 6 for g in guarded)
+    assert all(len(g.tokens) < 6 for g in guarded)                  # it still ends, on another word
 
 
 def test_n_best_beams_are_sorted_distinct_and_scored_by_the_decoder():

@@ -36,10 +36,12 @@ def test_demo_fast_writes_the_summary_figures_and_report(tmp_path, capfd):
     assert (out / "report" / "report.html").stat().st_size > 10_000
     printed = capfd.readouterr().out
     assert "pointing_accuracy" in printed and "wrote" in printed
+    assert f"runs still to finish: {', '.join(DEMO_RUNS[1:])}; meanwhile, try `captioner caption" in printed
     # A second run reuses the data and the feature cache; --runs trains a subset, SCST from the soft run before.
     assert main(["demo", "--fast", "--out", str(out), "--data", str(data), "--runs", "soft_scst", "--seed", "1",
                  "--processes", "1"]) == 0
-    assert "shapes data: reusing" in capfd.readouterr().out
+    printed = capfd.readouterr().out
+    assert "shapes data: reusing" in printed and "runs still to finish: soft_scst;" in printed
     rerun = json.loads((out / "summary.json").read_text())["runs"]
     assert list(rerun) == list(DEMO_RUNS) and rerun["soft"] == summary["runs"]["soft"]   # the others kept
     assert yaml.safe_load((out / "soft_scst" / "config.yaml").read_text())["run"]["seed"] == 1

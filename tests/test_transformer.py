@@ -82,7 +82,7 @@ def test_padding_does_not_change_real_positions():
 
 
 @pytest.mark.parametrize("options", [{}, {"region_position": "sinusoidal", "attention_layer": 0, "tie_embeddings": False},
-                                     {"num_layers": 3, "attention_layer": 1}])
+                                     {"num_layers": 3, "attention_layer": 1}, {"num_layers": 3, "attention_map": "mean"}])
 @pytest.mark.parametrize("use_cache", [True, False])
 def test_incremental_decoding_equals_forward(options, use_cache):
     decoder = make_decoder(**options)
@@ -138,6 +138,23 @@ def test_alpha_rows_sum_to_one_and_heads_average_to_alpha():
     torch.testing.assert_close(out.alpha_heads.sum(-1), torch.ones(2, 4, 6))
     torch.testing.assert_close(out.alpha_heads.mean(1), out.alpha)
     torch.testing.assert_close(attention["alpha"].sum(-1), torch.ones(2))
+
+
+def test_the_mean_attention_map_is_the_mean_of_every_layers_map():
+    per_layer = [make_decoder(num_layers=3, attention_layer=i) for i in range(3)]
+    mean = make_decoder(num_layers=3, attention_map="mean")
+    for decoder in per_layer:
+        decoder.load_state_dict(mean.state_dict())
+    features = torch.randn(2, 6, DIM)
+    captions = captions_with_lengths([3, 5], torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        maps = [decoder(features, captions, heads=True) for decoder in per_layer]
+        out = mean(features, captions, heads=True)
+    assert not torch.allclose(maps[0].alpha, maps[2].alpha)               # the layers do differ
+    torch.testing.assert_close(out.alpha, torch.stack([m.alpha for m in maps]).mean(0))
+    torch.testing.assert_close(out.alpha_heads, torch.stack([m.alpha_heads for m in maps]).mean(0))
+    torch.testing.assert_close(out.logits, maps[0].logits)                 # what is reported changes no word
+    torch.testing.assert_close(out.alpha.sum(-1), torch.ones(2, 6))
 
 
 def test_memorises_four_captions_and_greedy_reproduces_them():

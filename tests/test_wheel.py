@@ -75,7 +75,9 @@ def test_the_installed_wheel_works_outside_the_repository(installed):
     assert "coco_soft " in run(["captioner", "config", "--list"], cwd, env)
     assert "out: runs/flickr8k_soft" in run(["captioner", "config", "flickr8k_soft"], cwd, env)
 
-    run(["captioner", "demo", "--fast", "--runs", "soft", "--processes", "1", "--out", "out", "--data", "data"], cwd, env)
+    demo = run(["captioner", "demo", "--fast", "--runs", "soft", "--processes", "1", "--out", "out", "--data", "data"],
+               cwd, env)
+    assert "figures ready" in demo and "still to finish" not in demo        # the only run: none other to wait for
     checkpoint = cwd / "out" / "soft" / "best.pt"
     image = next((cwd / "data" / "images" / "test").glob("*.png"))
     captioned = run(["captioner", "caption", str(image), "--checkpoint", str(checkpoint)], cwd, env)

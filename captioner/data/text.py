@@ -38,6 +38,11 @@ from functools import lru_cache
 from nltk.tokenize import TreebankWordTokenizer
 from pycocoevalcap.tokenizer.ptbtokenizer import PUNCTUATIONS
 
+OPEN_WORDS = frozenset({"a", "an", "the", "of", "with", "and", "in", "on", "at", "to", "for", "from", "by", "his", "her",
+                        "their", "its", "is", "are", "while", "near", "next", "into", "onto"})
+"""Words an English caption cannot end on ("a", "of", "with", ...): a caption that stops on one was cut short
+(the diversity measure ``dangling_end``; ``decode.no_dangling_end`` keeps ``<end>`` from following one)."""
+
 PUNCTUATION = frozenset(PUNCTUATIONS)
 """The tokens ``pycocoevalcap`` drops after the Java tokenizer (compared after lower-casing, so the upper-case
 bracket names in it never match)."""

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from captioner.data.text import OPEN_WORDS
 from captioner.errors import CaptionerError
 from captioner.settings import check_settings, setting
 
@@ -37,7 +38,9 @@ class DecodeConfig:
     min_length: int = setting(0, "no <end> before this many words", minimum=0)
     length_penalty: float = setting(0.0, "score / length**alpha when choosing among finished beams", minimum=0)
     suppress_unk: bool = setting(True, "<unk> is never emitted (<pad> and <start> never are)")
-    block_ngram: int = setting(0, "no n-gram of this size twice in one caption; 0 = off (3 is usual)", minimum=0)
+    block_ngram: int = setting(0, "no n-gram of this size twice in one caption; 0 = off (the real-photo recipes: 2)", minimum=0)
+    no_dangling_end: bool = setting(False, "no <end> right after a word an English caption cannot end on (a, the, of, "
+                                    "with, ...: captioner.data.text.OPEN_WORDS)")
     beam_groups: int = setting(1, "diverse beam search: the beams split into this many groups", minimum=1)
     diversity: float = setting(0.5, "diverse beam search: penalty per earlier group that chose the same word at a step",
                                minimum=0)
@@ -83,7 +86,7 @@ class Generation:
 class TokenRules:
     """Which words may come next: never ``<start>`` or ``<pad>``; never ``unk_index`` when it is set; no ``<end>``
     before ``min_length`` words; no word that would repeat an n-gram of size ``block_ngram`` (> 1) or, for 1,
-    any word."""
+    any word; no ``<end>`` right after one of the words ``open_words`` (indices)."""
 
     start_index: int
     end_index: int
@@ -91,11 +94,14 @@ class TokenRules:
     unk_index: int | None = None
     min_length: int = 0
     block_ngram: int = 0
+    open_words: tuple[int, ...] = ()
 
     @classmethod
     def of(cls, vocab, settings: DecodeConfig) -> "TokenRules":
+        open_words = tuple(sorted(vocab.index[w] for w in OPEN_WORDS if w in vocab.index)) if settings.no_dangling_end else ()
         return cls(vocab.start_index, vocab.end_index, vocab.pad_index,
-                   vocab.unk_index if settings.suppress_unk else None, settings.min_length, settings.block_ngram)
+                   vocab.unk_index if settings.suppress_unk else None, settings.min_length, settings.block_ngram,
+                   open_words)
 
     def apply(self, log_probs: torch.Tensor, words: torch.Tensor) -> torch.Tensor:
         """``log_probs`` (N, V) of the word after ``words`` (N, t), with ``-inf`` where a word is not allowed."""
@@ -104,6 +110,9 @@ class TokenRules:
         log_probs[:, banned] = NEG_INF
         if words.shape[1] < self.min_length:
             log_probs[:, self.end_index] = NEG_INF
+        if self.open_words and words.shape[1]:
+            after_open = torch.isin(words[:, -1], torch.tensor(self.open_words, device=words.device))
+            log_probs[after_open, self.end_index] = NEG_INF
         n = self.block_ngram
         if n and words.shape[1] >= n:
             windows = words.unfold(1, n, 1)                               # (N, t-n+1, n): every n-gram so far

@@ -14,8 +14,9 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping
 
-DANGLING = frozenset({"a", "an", "the", "of", "with", "and", "in", "on", "at", "to", "for", "from", "by", "his", "her",
-                      "their", "its", "is", "are", "while", "near", "next", "into", "onto", "<unk>"})
+from captioner.data.text import OPEN_WORDS
+
+DANGLING = OPEN_WORDS | {"<unk>"}      # a final <unk> marks a caption cut short too
 
 
 def diversity_measures(captions: Mapping[int, str]) -> dict[str, float]:

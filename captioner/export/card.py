@@ -179,6 +179,7 @@ def model_card(name: str, described: dict, config: Config, progress: dict, check
               "`huggingface_hub.HfApi().upload_folder(folder_path=\"" + name + "\", repo_id=\"USER/" + name + "\")`).",
               "", f"Decoding defaults (`decode`): beam {decode.beam}, at most {decode.max_length} words"
               + (f", no repeated {decode.block_ngram}-grams" if decode.block_ngram else "")
+              + (", never ending on a word such as \"a\" or \"of\"" if decode.no_dangling_end else "")
               + "; change them with `decode.KEY=VALUE` on the command line or `Predictor.load(..., overrides=[...])`.",
               "", "## Files", "", "| file | bytes | what |", "|---|---|---|"]
     what = {"model.safetensors": f"the weights ({described['weights']['dtype']}), safetensors: loading runs no code",

@@ -12,7 +12,8 @@ positions); regions as ``memory = LayerNorm(W_r a) + P_region`` with a learned o
 position per grid cell (or none: then only what the CNN features themselves carry locates a region). The output layer may share its weight with ``E`` (``tie_embeddings``).
 
 The attention map reported for each word, ``alpha`` (rows sum to 1), is the cross-attention of layer
-``attention_layer`` averaged over heads; that layer's cross-attention is computed explicitly to get its
+``attention_layer`` averaged over heads (``attention_map: layer``), or averaged over every layer and head
+(``attention_map: mean``); the reported layers' cross-attention is computed explicitly to get its
 probabilities, every other attention runs through ``scaled_dot_product_attention``.
 
 Step-by-step decoding follows the decode-step interface of :mod:`captioner.decoding.search`; every state
@@ -61,8 +62,12 @@ class TransformerDecoderConfig:
     dropout: float = setting(0.1, "in every block", minimum=0, below=1)
     region_position: str = setting("learned", "learned | sinusoidal | none: position code added to the projected regions",
                                    choices=("learned", "sinusoidal", "none"))
+    region_norm: str = setting("none", "layer: LayerNorm over each region's features before their projection (CNN "
+                               "features such as VGG's are sparse, of norms in the hundreds) | none", choices=("none", "layer"))
     tie_embeddings: bool = setting(True, "the output layer's weight is the word embedding")
-    attention_layer: int = setting(-1, "the layer whose cross-attention (mean over heads) is reported as alpha")
+    attention_map: str = setting("layer", "what is reported as alpha: layer: the cross-attention of attention_layer, "
+                                 "mean over heads | mean: the mean over every layer and head", choices=("layer", "mean"))
+    attention_layer: int = setting(-1, "with attention_map: layer, the layer whose cross-attention is alpha")
     max_length: int = setting(64, "most word positions a caption or a decoding may use", minimum=1)
 
     def check(self) -> None:
@@ -77,6 +82,11 @@ class TransformerDecoderConfig:
             raise ValueError(f"attention_layer must name one of the {self.num_layers} layers, not {self.attention_layer}")
         if self.region_position == "sinusoidal" and self.d_model % 4:
             raise ValueError(f"d_model must be a multiple of 4 for a sinusoidal 2-D position code, got {self.d_model}")
+
+
+def reported(weights: list[torch.Tensor]) -> torch.Tensor:
+    """The reported layers' cross-attention, each ``(B, heads, T, L)``, as one: their mean (one layer: itself)."""
+    return weights[0] if len(weights) == 1 else torch.stack(weights).mean(dim=0)
 
 
 class DecoderLayer(nn.Module):
@@ -161,8 +171,10 @@ class TransformerDecoder(nn.Module):
         super().__init__()
         self.config = c = config
         c.check()
-        self.attention_layer = c.attention_layer % c.num_layers
+        self.reported_layers = (range(c.num_layers) if c.attention_map == "mean"
+                                else range(c.attention_layer % c.num_layers, c.attention_layer % c.num_layers + 1))
         num_regions = c.grid[0] * c.grid[1]
+        self.input_norm = nn.LayerNorm(c.region_dim) if c.region_norm == "layer" else None
         self.region_proj = nn.Linear(c.region_dim, c.d_model)
         self.region_norm = nn.LayerNorm(c.d_model)
         if c.region_position == "learned":
@@ -183,10 +195,13 @@ class TransformerDecoder(nn.Module):
 
     # -- pieces shared by teacher forcing and step-by-step decoding ---------------------------------
     def prepare_regions(self, features: torch.Tensor) -> torch.Tensor:
-        """Encoder features ``(B, L, D)`` -> memory ``(B, L, d_model)``: projected, normalised, positioned."""
+        """Encoder features ``(B, L, D)`` -> memory ``(B, L, d_model)``: normalised per region if set, projected,
+        normalised, positioned."""
         if features.shape[1] != self.region_position.shape[0]:
             raise ValueError(f"expected {self.region_position.shape[0]} regions (grid {tuple(self.config.grid)}), "
                              f"got {features.shape[1]}")
+        if self.input_norm is not None:
+            features = self.input_norm(features)
         return self.dropout(self.region_norm(self.region_proj(features)) + self.region_position)
 
     def embed(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -207,27 +222,28 @@ class TransformerDecoder(nn.Module):
         """Teacher-forced pass of ``tokens`` (B, T) (``<pad>`` = 0) over ``memory_kv`` from :meth:`memory_kv`.
 
         Returns the final (normalised) states ``(B, T, d_model)``, which ``out_words`` maps to logits, and the
-        reported layer's per-head cross-attention ``(B, heads, T, L)``.
+        per-head cross-attention ``(B, heads, T, L)`` of the reported layer (or the mean of every layer's).
         """
         steps = tokens.shape[1]
         self.check_length(steps)
         causal = torch.ones(steps, steps, dtype=torch.bool, device=tokens.device).tril()
         self_mask = (causal & (tokens != PAD_INDEX)[:, None, :])[:, None]   # (B, 1, T, T)
         x = self.embed(tokens, torch.arange(steps, device=tokens.device))
+        weights = []
         for i, (layer, layer_kv) in enumerate(zip(self.layers, memory_kv)):
-            x, _, layer_weights = layer(x, layer_kv, self_mask, need_weights=i == self.attention_layer)
+            x, _, layer_weights = layer(x, layer_kv, self_mask, need_weights=i in self.reported_layers)
             if layer_weights is not None:
-                weights = layer_weights
-        return self.final_norm(x), weights
+                weights.append(layer_weights)
+        return self.final_norm(x), reported(weights)
 
     # -- teacher forcing ------------------------------------------------------------------------------
     def forward(self, features: torch.Tensor, captions: torch.Tensor, heads: bool = False) -> TeacherForced:
         """Teacher-forced pass.
 
         ``features`` (B, L, D); ``captions`` (B, T+1) = ``<start> w_1 .. <end> <pad>..``. Returns ``logits``
-        (W, V) at the W real positions of ``captions[:, 1:]`` and ``alpha`` (B, T, L), the reported layer's
-        cross-attention averaged over heads; with ``heads``, also its per-head maps ``alpha_heads``
-        (B, heads, T, L). ``<pad>`` keys are masked, so padding never changes a real word's logits.
+        (W, V) at the W real positions of ``captions[:, 1:]`` and ``alpha`` (B, T, L), the reported cross-attention
+        averaged over heads; with ``heads``, also its per-head maps ``alpha_heads`` (B, heads, T, L) (with
+        ``attention_map: mean``, each head's mean over the layers). ``<pad>`` keys are masked, so padding never changes a real word's logits.
         """
         memory_kv = self.memory_kv(self.prepare_regions(features))
         states, weights = self.run_layers(captions[:, :-1], memory_kv)
@@ -269,12 +285,13 @@ class TransformerDecoder(nn.Module):
         self.check_length(state["self_k0"].shape[2] + 1)
         x = self.embed(tokens[:, None], position[:, None])
         new_state = {**state, "position": position + 1}
+        weights = []
         for i, layer in enumerate(self.layers):
             x, (keys, values), layer_weights = layer(
                 x, (state[f"cross_k{i}"], state[f"cross_v{i}"]), past_kv=(state[f"self_k{i}"], state[f"self_v{i}"]),
-                need_weights=i == self.attention_layer)
+                need_weights=i in self.reported_layers)
             new_state[f"self_k{i}"], new_state[f"self_v{i}"] = keys, values
             if layer_weights is not None:
-                alpha = layer_weights.mean(dim=1)[:, 0]
+                weights.append(layer_weights)
         log_probs = torch.log_softmax(self.out_words(self.final_norm(x[:, 0])).float(), dim=-1)
-        return log_probs, new_state, {"alpha": alpha}
+        return log_probs, new_state, {"alpha": reported(weights).mean(dim=1)[:, 0]}
