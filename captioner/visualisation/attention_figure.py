@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import os
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -32,6 +33,10 @@ DISPLAY_MAX_SIDE = 480
 """Panels show the image resampled so that its longer side has at most this many pixels."""
 PANEL_INCHES = 2.4
 """Longer side of one panel, in inches (at 100 dpi)."""
+MARGIN, GAP, WORD_TITLE = 0.1, 0.1, 0.3
+"""Inches around the figure, between panels, and above a panel for its word."""
+TITLE_CHARACTERS_PER_INCH = 11
+"""How many characters of the 12-point title fit in an inch, to wrap it to the figure's width."""
 CHOSEN_COLOR = "#ff3b30"
 BOX_COLOR = "#00e5ff"
 
@@ -118,12 +123,23 @@ def draw_attention_figure(image: Image.Image, words: Sequence[str], attention: n
     rows = math.ceil(panels / columns)
     inches_per_pixel = PANEL_INCHES / max(width, height)
     panel_width, panel_height = width * inches_per_pixel, height * inches_per_pixel
-    title_height = 0.4 if title else 0.0
     legend_height = 0.3 if chosen is not None or boxes is not None else 0.0
-    figure_size = (columns * (panel_width + 0.1), rows * (panel_height + 0.35) + title_height + legend_height)
-    figure = Figure(figsize=figure_size, dpi=100, layout="constrained")
+    # Laid out by hand, in inches (a layout engine costs more than the drawing): panels GAP apart, each with
+    # WORD_TITLE above it for its word, the caption's title above them all (wrapped to the figure's width) and
+    # the legend below.
+    figure_width = 2 * MARGIN + columns * panel_width + (columns - 1) * GAP
+    title_lines = textwrap.wrap(title, width=max(20, int(figure_width * TITLE_CHARACTERS_PER_INCH))) if title else []
+    title_height = 0.2 + 0.2 * len(title_lines) if title_lines else 0.0
+    figure_height = 2 * MARGIN + title_height + rows * (WORD_TITLE + panel_height) + (rows - 1) * GAP + legend_height
+    figure = Figure(figsize=(figure_width, figure_height), dpi=100)
     FigureCanvasAgg(figure)
-    axes = figure.subplots(rows, columns, squeeze=False).ravel()
+    axes = []
+    for panel in range(panels):
+        row, column = divmod(panel, columns)
+        left = MARGIN + column * (panel_width + GAP)
+        bottom = figure_height - MARGIN - title_height - (row + 1) * (WORD_TITLE + panel_height) - row * GAP
+        axes.append(figure.add_axes((left / figure_width, bottom / figure_height, panel_width / figure_width,
+                                     panel_height / figure_height)))
     extent = (0, width, height, 0)  # data coordinates are image pixels, whatever the displayed resolution
     axes[0].imshow(display, extent=extent, interpolation="antialiased")
     for step, word in enumerate(words):
@@ -133,10 +149,10 @@ def draw_attention_figure(image: Image.Image, words: Sequence[str], attention: n
         ax.set_axis_off()
         ax.set_xlim(0, width)
         ax.set_ylim(height, 0)
-    _legend(figure, chosen is not None, boxes is not None)
-    if title:
-        figure.suptitle(title, fontsize=12, parse_math=False)
-    return write_file(out_path, lambda handle: figure.savefig(handle, format="png", bbox_inches="tight", pad_inches=0.1))
+    _legend(figure, chosen is not None, boxes is not None, MARGIN / figure_height)
+    if title_lines:
+        figure.suptitle("\n".join(title_lines), y=1 - MARGIN / figure_height, va="top", fontsize=12, parse_math=False)
+    return write_file(out_path, lambda handle: figure.savefig(handle, format="png"))
 
 
 def _checked_maps(words, attention, chosen, boxes, columns) -> tuple[np.ndarray, np.ndarray | None]:
@@ -179,14 +195,16 @@ def _word_panel(ax, display: np.ndarray, size: tuple[int, int], word: str, atten
                                linewidth=1.5, linestyle="--"))
 
 
-def _legend(figure: Figure, chosen: bool, boxes: bool) -> None:
+def _legend(figure: Figure, chosen: bool, boxes: bool, bottom: float) -> None:
+    """The legend of the outlines drawn, centred at the foot of the figure (``bottom``: its height's share)."""
     legend = []
     if chosen:
         legend.append(Patch(fill=False, edgecolor=CHOSEN_COLOR, linewidth=2, label="chosen cell (hard attention)"))
     if boxes:
         legend.append(Patch(fill=False, edgecolor=BOX_COLOR, linewidth=1.5, linestyle="--", label="ground-truth box"))
     if legend:
-        figure.legend(handles=legend, loc="outside lower center", ncol=len(legend), frameon=False, fontsize=9)
+        figure.legend(handles=legend, loc="lower center", bbox_to_anchor=(0.5, bottom), ncol=len(legend), frameon=False,
+                      fontsize=9, borderaxespad=0)
 
 
 def _axis_operator(cells: int, pixels: int, smooth: bool) -> np.ndarray:
