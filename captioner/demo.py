@@ -49,6 +49,7 @@ from captioner.report import write_report
 DEMO_RUNS = ("soft", "none", "hard", "transformer", "soft_scst")
 STARTS_FROM = {"soft_scst": "soft"}   # runs that fine-tune another run's best checkpoint
 FIGURE_IMAGES = 4
+REPORT_IMAGES, FAST_REPORT_IMAGES = 3, 1       # test images every run captions in the report (with --fast)
 SUMMARY_KEYS = ("BLEU-4", "CIDEr", "METEOR", "object_precision", "relation_accuracy", "pointing_accuracy")
 DATA_STAMP = "made_by_captioner_demo.txt"   # in a data folder the demo generated: it may generate it anew
 DEMO_IMAGES, FAST_DEMO_IMAGES = 3000, 150
@@ -219,7 +220,8 @@ def run_demo(out: Path, data_dir: Path, fast: bool = False, runs: tuple[str, ...
             on_finished(name, row)
     summary["runs"] = {name: summary["runs"][name] for name in DEMO_RUNS if name in summary["runs"]}
     print("\n== comparison report ==")
-    report = write_report([out / name for name in summary["runs"]], out / "report", stats_images=100)
+    report = write_report([out / name for name in summary["runs"]], out / "report", stats_images=100,
+                          images=FAST_REPORT_IMAGES if fast else REPORT_IMAGES)
     summary["report"] = report["html"]
     summary["total_seconds"] = round(time.perf_counter() - started, 1)
     write_file(out / "summary.json", json.dumps(summary, indent=2))

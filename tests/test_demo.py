@@ -34,6 +34,7 @@ def test_demo_fast_writes_the_summary_figures_and_report(tmp_path, capfd):
         assert Path(run["checkpoint"]).is_file()
     assert len(summary["figures"]) == 4 and all(Path(f).stat().st_size > 1000 for f in summary["figures"])
     assert (out / "report" / "report.html").stat().st_size > 10_000
+    assert len(list((out / "report").glob("attention_*.png"))) == len(DEMO_RUNS)     # --fast: one image per run
     printed = capfd.readouterr().out
     assert "pointing_accuracy" in printed and "wrote" in printed
     assert f"runs still to finish: {', '.join(DEMO_RUNS[1:])}; meanwhile, try `captioner caption" in printed
