@@ -41,7 +41,7 @@ from common import (
 from captioner.config import load_config
 from captioner.decoding.search import beam_search
 from captioner.models.captioner import build_decoder
-from captioner.training.losses import build_loss
+from captioner.training.losses import build_loss, caption_loss
 from captioner.models.transformer_decoder import (
     TransformerDecoder,
     TransformerDecoderConfig,
@@ -61,7 +61,8 @@ def bench_training(decoder: TransformerDecoder, device: torch.device, steps: int
     features = torch.randn(batch, REGIONS, REGION_DIM, generator=generator).to(device)
     batches = [random_captions(batch, generator).to(device) for _ in range(steps + 1)]
 
-    step = training_step(decoder, features, optimizer, doubly_stochastic=0.0)
+    step = training_step(decoder, features, optimizer,
+                         lambda out, targets: caption_loss(out.logits, targets, out.alpha, doubly_stochastic=0.0))
 
     decoder.train()
     step(batches[0])  # warm-up
@@ -84,17 +85,8 @@ def bench_recipes(device: torch.device, pairs: int, batch: int = 64) -> dict:
     for name in ("flickr8k_soft", "flickr8k_transformer"):
         config = load_config(name, ["train.amp=false"])
         decoder = build_decoder(config.model, FLICKR_VOCAB, REGION_DIM, (14, 14)).to(device).train()
-        loss = build_loss(decoder, config.loss)
         optimizer = torch.optim.Adam(decoder.parameters(), lr=1e-4, fused=device.type != "mps")
-
-        def step(captions, decoder=decoder, loss=loss, optimizer=optimizer) -> int:
-            out = loss(decoder(features, captions), captions[:, 1:])
-            optimizer.zero_grad(set_to_none=True)
-            out["loss"].backward()
-            optimizer.step()
-            return int(out["words"])
-
-        steps[name] = step
+        steps[name] = training_step(decoder, features, optimizer, build_loss(decoder, config.loss))
         chosen = {k: v for k, v in asdict(config.model.chosen).items() if k not in ("vocab_size", "region_dim", "grid")}
         settings[name] = {"decoder": config.model.decoder, **chosen, "loss": asdict(config.loss)}
     batches = [random_captions(batch, generator, FLICKR_VOCAB).to(device) for _ in range(pairs + 1)]

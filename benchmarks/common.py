@@ -15,7 +15,6 @@ from pathlib import Path
 import torch
 
 from captioner.decoding.search import TokenRules
-from captioner.training.losses import caption_loss
 
 START, END = 1, 2
 RULES = TokenRules(START, END)    # no <unk> suppression: random captions have no <unk> anyway
@@ -34,13 +33,13 @@ def random_captions(batch: int, generator: torch.Generator, vocab: int = VOCAB) 
 
 
 def training_step(decoder: torch.nn.Module, features: torch.Tensor, optimizer: torch.optim.Optimizer,
-                  doubly_stochastic: float) -> Callable[[torch.Tensor], int]:
+                  loss_of: Callable[[object, torch.Tensor], dict[str, torch.Tensor]]) -> Callable[[torch.Tensor], int]:
     """A function that runs one full step (forward, loss, backward, optimizer) of ``decoder`` on ``features``
-    (B, L, D) and captions (B, T+2), returning the number of target words."""
+    (B, L, D) and captions (B, T+2), returning the number of target words. ``loss_of(teacher_forced, targets)``
+    gives ``{"loss", "words", ...}``, as the training losses (:func:`captioner.training.losses.build_loss`) do."""
 
     def step(captions: torch.Tensor) -> int:
-        out = decoder(features, captions)
-        loss = caption_loss(out.logits, captions[:, 1:], out.alpha, doubly_stochastic)
+        loss = loss_of(decoder(features, captions), captions[:, 1:])
         optimizer.zero_grad(set_to_none=True)
         loss["loss"].backward()
         optimizer.step()

@@ -162,6 +162,11 @@ def coco_mini_overrides(features: str | None) -> list[str]:
             f"data.features={json.dumps(features)}"]
 
 
+def coco_mini_features(features: str | Path) -> str:
+    """The coco-mini feature cache beside a run's Flickr cache ``features`` (same encoder settings)."""
+    return str(Path(features).with_name(Path(features).name + "_coco_mini"))
+
+
 def grade_references(checkpoint: str, features: str, out: Path) -> dict:
     """Grounding on coco-mini of the attention while the model reads the 400 human captions."""
     return ground_checkpoint(checkpoint, "test", overrides=coco_mini_overrides(features), out_dir=out,
@@ -185,7 +190,7 @@ def run_variant(name: str, seed: int, epochs: int | None, reuse: bool = False) -
     epochs = config.train.epochs
     encoder_overrides = [o for o in overrides if o.startswith("encoder.")]
     ensure_cache(["train", "val"], Path(config.data.features), encoder_overrides)
-    coco_features = str(Path(config.data.features).with_name(Path(config.data.features).name + "_coco_mini"))
+    coco_features = coco_mini_features(config.data.features)
     started = time.perf_counter()
     if reuse and (out / "best.pt").exists():   # trained before: score it again
         result = {"checkpoint": str(out / "best.pt"), "best": None}
@@ -272,7 +277,7 @@ def grade_missing(rows: list[dict]) -> list[dict]:
             features = [o.split("=", 1)[1] for o in overrides if o.startswith("data.features=")]
             base = Path(features[0]) if features else FEATURES / "flickr8k_vgg19"
             row["coco_mini_reference_grounding"] = grade_references(
-                str(checkpoint), str(base.with_name(base.name + "_coco_mini")), checkpoint.parent / "coco_mini")
+                str(checkpoint), coco_mini_features(base), checkpoint.parent / "coco_mini")
     return rows
 
 
@@ -312,8 +317,8 @@ def grounding_by_layer(run: str, maps: list[str] | None = None) -> str:
     checkpoint = OUT / run / "best.pt"
     if not checkpoint.exists():
         raise SystemExit(f"{checkpoint}: no such checkpoint (train the run first)")
-    layers = torch.load(checkpoint, map_location="cpu", weights_only=True)["config"]["model"]["transformer"]["num_layers"]
-    features = str(FEATURES / "flickr8k_vgg19_coco_mini")
+    config = torch.load(checkpoint, map_location="cpu", weights_only=True)["config"]
+    layers, features = config["model"]["transformer"]["num_layers"], coco_mini_features(config["data"]["features"])
     lines = ["| cross-attention | own captions: pointing (words) | centre | reading the references: pointing (words) | "
              "centre | uniform |", "|" + "---|" * 6]
     for shown in maps or [*map(str, range(layers)), "mean"]:

@@ -128,8 +128,8 @@ def help_of_each(scripts: list[str]) -> dict[str, str]:
 
 def test_every_script_make_target_and_benchmark_shown_exists():
     makefile = (ROOT / "Makefile").read_text()
-    benchmarks = sorted({shlex.split(c)[1] for c in shown_commands()
-                         if shlex.split(c)[0] in ("python", "python3") and shlex.split(c)[1].startswith("benchmarks/")})
+    benchmarks = sorted({tokens[1] for tokens in map(shlex.split, shown_commands())
+                         if tokens[0] in ("python", "python3") and tokens[1].startswith("benchmarks/")})
     for script in benchmarks:
         assert (ROOT / script).is_file(), script
     help_text = help_of_each(benchmarks)

@@ -171,8 +171,8 @@ class TransformerDecoder(nn.Module):
         super().__init__()
         self.config = c = config
         c.check()
-        self.reported_layers = (range(c.num_layers) if c.attention_map == "mean"
-                                else range(c.attention_layer % c.num_layers, c.attention_layer % c.num_layers + 1))
+        layer = c.attention_layer % c.num_layers
+        self.reported_layers = range(c.num_layers) if c.attention_map == "mean" else range(layer, layer + 1)
         num_regions = c.grid[0] * c.grid[1]
         self.input_norm = nn.LayerNorm(c.region_dim) if c.region_norm == "layer" else None
         self.region_proj = nn.Linear(c.region_dim, c.d_model)
@@ -243,7 +243,8 @@ class TransformerDecoder(nn.Module):
         ``features`` (B, L, D); ``captions`` (B, T+1) = ``<start> w_1 .. <end> <pad>..``. Returns ``logits``
         (W, V) at the W real positions of ``captions[:, 1:]`` and ``alpha`` (B, T, L), the reported cross-attention
         averaged over heads; with ``heads``, also its per-head maps ``alpha_heads`` (B, heads, T, L) (with
-        ``attention_map: mean``, each head's mean over the layers). ``<pad>`` keys are masked, so padding never changes a real word's logits.
+        ``attention_map: mean``, each head's mean over the layers). ``<pad>`` keys are masked, so padding never
+        changes a real word's logits.
         """
         memory_kv = self.memory_kv(self.prepare_regions(features))
         states, weights = self.run_layers(captions[:, :-1], memory_kv)
