@@ -7,6 +7,7 @@ module by the ``scores`` fixture.
 import json
 import logging
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -65,13 +66,21 @@ def scores(tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(caption_metrics, "_SPICE_DIR", no_corenlp)
         references_with_tags = {i: [f"<start> {c} <end>" for c in captions] for i, captions in REFERENCES.items()}
+        started = []
+
+        class Counted(caption_metrics._MeteorProcess):
+            def __init__(self, java):
+                started.append(java)
+                super().__init__(java)
+
+        patch.setattr(caption_metrics, "_MeteorProcess", Counted)
         result = {
             "right": score_captions(REFERENCES, RIGHT),
             "wrong": score_captions(REFERENCES, WRONG),
             "tagged": score_captions(references_with_tags, TAGGED, spice=True),
         }
     caption_metrics.log.removeHandler(handler)
-    result["log"] = handler.messages
+    result["log"], result["meteor_starts"] = handler.messages, len(started)
     return result
 
 
@@ -100,8 +109,65 @@ def test_spice_without_corenlp_is_skipped_with_a_reason(scores):
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
-def test_no_java_process_is_left_running(scores):
+def test_only_the_kept_meteor_process_is_left_running(scores):
+    children = java_children()
+    assert len(children) <= 1 and all("meteor" in command for command in children), children
+    caption_metrics._KEPT_METEOR.close()
     assert java_children() == []
+
+
+class FakeMeteor:
+    """Stands in for the METEOR Java process: scores 0.5, or fails once ``broken``."""
+
+    born_broken = False
+
+    def __init__(self, java):
+        self.java, self.broken, self.closed = java, FakeMeteor.born_broken, False
+        self.meteor_p = self
+        STARTED.append(self)
+
+    def poll(self):
+        return 0 if self.closed else None
+
+    def compute_score(self, gts, res):
+        if self.broken:
+            raise BrokenPipeError(32, "Broken pipe")
+        return 0.5, [0.5] * len(res)
+
+    def stderr_tail(self):
+        return "no error output"
+
+    def close(self):
+        self.closed = True
+
+
+STARTED: list[FakeMeteor] = []
+
+
+def test_meteor_is_kept_between_scores_replaced_when_it_fails_and_closed_when_idle(scores, monkeypatch):
+    assert scores["meteor_starts"] == 1                           # the fixture's three scores: one Java process
+    STARTED.clear()
+    monkeypatch.setattr(caption_metrics, "_MeteorProcess", FakeMeteor)
+    monkeypatch.setattr(caption_metrics, "METEOR_KEEP_ALIVE_S", 0.2)
+    kept, gts, res = caption_metrics._KeptMeteor(), {1: ["a dog"]}, {1: ["a dog"]}
+    assert kept.score(gts, res, "java") == kept.score(gts, res, "java") == 0.5 and len(STARTED) == 1
+    STARTED[0].broken = True                                      # fails while kept: a fresh one scores
+    assert kept.score(gts, res, "java") == 0.5 and len(STARTED) == 2 and STARTED[0].closed
+    assert kept.score(gts, res, "other-java") == 0.5 and len(STARTED) == 3 and STARTED[1].closed
+    STARTED[2].broken = True
+    monkeypatch.setattr(FakeMeteor, "born_broken", True)
+    with pytest.raises(CaptionerError, match="METEOR failed"):      # the fresh one fails too: one line
+        kept.score(gts, res, "java")
+    assert kept.process is None and len(STARTED) == 4 and all(process.closed for process in STARTED)
+    monkeypatch.setattr(FakeMeteor, "born_broken", False)
+    kept.score(gts, res, "java")
+    deadline = time.monotonic() + 10
+    while kept.process is not None and time.monotonic() < deadline:          # closed 0.2 s after its last score
+        time.sleep(0.05)
+    assert kept.process is None and STARTED[-1].closed
+    kept.score(gts, res, "java")
+    kept.forget_after_fork()                     # a forked child leaves its parent's process alone
+    assert kept.process is None and not STARTED[-1].closed
 
 
 def test_ptb_tokenizer_keeps_one_line_per_text():

@@ -9,8 +9,11 @@ shipped inside the ``pycocoevalcap`` wheel, so nothing is downloaded:
   punctuation list as ``pycocoevalcap.tokenizer.ptbtokenizer.PTBTokenizer``, but fed through a pipe
   instead of a temporary file written next to the jar (which fails when site-packages is read-only);
 * METEOR 1.5 (``meteor/meteor-1.5.jar`` with its English paraphrase table), through
-  ``pycocoevalcap``'s own client; its Java process is always closed before :func:`score_captions`
-  returns.
+  ``pycocoevalcap``'s own client. Its Java process takes ~5 s to start (the paraphrase table; ~1 GB resident)
+  and a tenth of that to score a test split, so one process is kept between scores
+  (:class:`_KeptMeteor`): a command that scores several runs (the demo, ``evaluate`` of several checkpoints)
+  starts it once; it is closed after :data:`METEOR_KEEP_ALIVE_S` seconds without a score, at exit, and
+  after a failure.
 
 Without ``java`` on PATH the captions are tokenized by :func:`captioner.data.text.tokenize`, the same
 tokenizer in pure Python (it gives the Java tokens on the shapes, Flickr8k and COCO captions), so BLEU,
@@ -29,6 +32,7 @@ import os
 import re
 import shutil
 import subprocess
+import atexit
 import tempfile
 import threading
 from collections.abc import Mapping
@@ -56,6 +60,8 @@ _METEOR_JAR = Path(meteor_module.__file__).with_name(meteor_module.METEOR_JAR)
 _SPICE_DIR = Path(meteor_module.__file__).parent.parent / "spice"
 _SPICE_CORENLP_JARS = ("stanford-corenlp-3.6.0.jar", "stanford-corenlp-3.6.0-models.jar")
 _METEOR_CLOSE_TIMEOUT_S = 10
+METEOR_KEEP_ALIVE_S = 30.0
+"""Seconds the METEOR process is kept after a score, for the next one."""
 
 
 def score_captions(references: Mapping[int, list[str]], candidates: Mapping[int, str], *,
@@ -103,7 +109,7 @@ def score_captions(references: Mapping[int, list[str]], candidates: Mapping[int,
     bleu, _ = Bleu(4).compute_score(gts, res, verbose=0)
     scores = {f"BLEU-{n}": float(value) for n, value in enumerate(bleu, start=1)}
     if java_path:
-        scores["METEOR"] = _meteor_score(gts, res, java_path)
+        scores["METEOR"] = _KEPT_METEOR.score(gts, res, java_path)
     scores["ROUGE-L"] = float(Rouge().compute_score(gts, res)[0])
     scores["CIDEr"] = float(Cider().compute_score(gts, res)[0])
     if spice and java_path:
@@ -165,6 +171,7 @@ class _MeteorProcess(meteor_module.Meteor):
     """
 
     def __init__(self, java: str):
+        self.java = java
         self.meteor_cmd = [java, "-jar", "-Xmx2G", _METEOR_JAR.name, "-", "-", "-stdio", "-l", "en", "-norm"]
         self.stderr_file = tempfile.TemporaryFile()
         self.meteor_p = subprocess.Popen(self.meteor_cmd, cwd=_METEOR_JAR.parent, stdin=subprocess.PIPE,
@@ -187,25 +194,80 @@ class _MeteorProcess(meteor_module.Meteor):
                 process.kill()
                 process.wait()
         for stream in (process.stdin, process.stdout, self.stderr_file):
-            stream.close()
+            try:
+                stream.close()
+            except OSError:         # a pipe whose reader died: its unwritten bytes go nowhere
+                pass
 
     def __del__(self):
         if hasattr(self, "meteor_p"):  # __init__ got as far as starting the process
             self.close()
 
 
-def _meteor_score(gts: dict[int, list[str]], res: dict[int, list[str]], java: str) -> float:
-    """Corpus METEOR 1.5 of tokenized ``res`` against ``gts``; the Java process is closed on return."""
-    # "|||" separates fields in METEOR's line protocol; pycocoevalcap only removes it from hypotheses.
-    gts = {image_id: [text.replace("|||", " ") for text in texts] for image_id, texts in gts.items()}
-    meteor = _MeteorProcess(java)
-    try:
-        score, _ = meteor.compute_score(gts, res)
-    except (OSError, ValueError) as error:
-        raise CaptionerError(f"{_METEOR_JAR}: METEOR failed ({error}): {meteor.stderr_tail()}") from None
-    finally:
-        meteor.close()
-    return float(score)
+class _KeptMeteor:
+    """This process's METEOR Java process, started at the first score and kept for the next while scores come
+    within :data:`METEOR_KEEP_ALIVE_S` seconds of one another; closed after that idle time (a timer thread), at
+    exit, and when a score fails. A kept process that fails is replaced by a fresh one, which tries once more;
+    a forked child never touches its parent's process (it starts its own). Scores are taken one at a time."""
+
+    def __init__(self):
+        self._reset()
+
+    def _reset(self) -> None:
+        self.lock = threading.Lock()
+        self.process: _MeteorProcess | None = None
+        self.timer: threading.Timer | None = None
+        self.generation = 0          # bumped by every score: a timer armed before it closes nothing
+
+    def score(self, gts: dict[int, list[str]], res: dict[int, list[str]], java: str) -> float:
+        """Corpus METEOR 1.5 of tokenized ``res`` against ``gts``."""
+        # "|||" separates fields in METEOR's line protocol; pycocoevalcap only removes it from hypotheses.
+        gts = {image_id: [text.replace("|||", " ") for text in texts] for image_id, texts in gts.items()}
+        with self.lock:
+            self.generation += 1
+            if self.timer is not None:
+                self.timer.cancel()
+            kept = self.process is not None and self.process.java == java and self.process.meteor_p.poll() is None
+            if not kept:
+                self.close()
+            for attempt in ("kept", "fresh") if kept else ("fresh",):
+                if attempt == "fresh":
+                    self.process = _MeteorProcess(java)
+                try:
+                    score, _ = self.process.compute_score(gts, res)
+                    break
+                except (OSError, ValueError) as error:
+                    detail = f"{_METEOR_JAR}: METEOR failed ({error}): {self.process.stderr_tail()}"
+                    self.close()
+            else:
+                raise CaptionerError(detail) from None
+            self.timer = threading.Timer(METEOR_KEEP_ALIVE_S, self._close_if_idle, args=(self.generation,))
+            self.timer.daemon = True        # never keeps the interpreter from exiting
+            self.timer.start()
+            return float(score)
+
+    def _close_if_idle(self, generation: int) -> None:
+        with self.lock:
+            if generation == self.generation:
+                self.close()
+
+    def close(self) -> None:
+        """Stop the kept process, if any (idempotent)."""
+        if self.process is not None:
+            self.process.close()
+            self.process = None
+
+    def forget_after_fork(self) -> None:
+        """In a forked child: drop the parent's process without closing it (it is the parent's) and the lock."""
+        if self.process is not None:
+            del self.process.meteor_p      # so that its __del__ leaves the parent's Java process alone
+        self._reset()
+
+
+_KEPT_METEOR = _KeptMeteor()
+atexit.register(_KEPT_METEOR.close)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_KEPT_METEOR.forget_after_fork)
 
 
 def _spice_score(gts: dict[int, list[str]], res: dict[int, list[str]]) -> float | None:

@@ -29,86 +29,63 @@ from captioner.utils import backward_keeps_graph
 SCORES = ("additive", "dot", "scaled_dot", "general", "none")
 
 
-class _SigmoidTanh(torch.autograd.Function):
-    """``tanh(x) = 2 sigmoid(2x) - 1`` with tanh's own backward (``grad * (1 - y^2)``, from the output alone)."""
+def _additive_sigmoid_and_scores(keys, query, weight, bias):
+    """``(s, scores)`` for keys (B, L, A) and queries (B, k, A), without gradient tracking: ``s = sigmoid(2 (k_i +
+    q))`` (B, k, L, A) in one fresh tensor, and the additive score ``w . tanh(k_i + q) + b`` (B, k, L) from it.
 
-    @staticmethod
-    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
-        y = torch.sigmoid(x * 2).mul_(2).sub_(1)
-        ctx.save_for_backward(y)
-        return y
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
-        (y,) = ctx.saved_tensors
-        return torch.ops.aten.tanh_backward(grad, y)
-
-
-def tanh_(x: torch.Tensor) -> torch.Tensor:
-    """``tanh(x)``, in place on ``x`` when no gradient flows. On a CPU as ``2 sigmoid(2x) - 1``, the same function
-    to float rounding (2e-7): torch's CPU tanh, exact to 1 ulp, costs about ten times its sigmoid, and the
-    additive score's ``(B, k, L, A)`` tensor is the largest of every training and decoding step (forward and
-    backward of the activation: ~3x faster)."""
-    if x.device.type != "cpu":
-        return torch.tanh_(x)
-    if x.requires_grad and torch.is_grad_enabled():
-        return _SigmoidTanh.apply(x)
-    return x.mul_(2).sigmoid_().mul_(2).sub_(1)
-
-
-
-def _additive_hidden_and_scores(keys, query, weight, bias):
-    """``(hidden, scores)``: ``tanh(k_i + q)`` (B, k, L, A) in one fresh tensor and ``w . hidden + b`` (B, k, L), for
-    keys (B, L, A) and queries (B, k, A), without gradient tracking. On a CPU the hidden tensor is
-    ``2 sigmoid(2 keys + 2 query) - 1`` (see :func:`tanh_`): the doubled sum is one kernel (``2 query + 2 keys``,
-    exactly ``2 (keys + query)``), the rest in place; the same numbers as ``tanh_`` of the sum."""
-    if keys.device.type == "cpu":
-        hidden = torch.add(query.unsqueeze(2) * 2, keys.unsqueeze(1), alpha=2).sigmoid_().mul_(2).sub_(1)
-    else:
-        hidden = torch.add(keys.unsqueeze(1), query.unsqueeze(2)).tanh_()
-    if torch.is_autocast_enabled(keys.device.type):    # the score in the hidden tensor's type, as autocast's linear
+    ``tanh(x) = 2 sigmoid(2x) - 1`` (the same function to float rounding, 2e-7; torch's CPU tanh, exact to 1 ulp,
+    costs about ten times its sigmoid), and the affine map moves onto the scores: ``w . tanh = 2 (w . s) - sum(w)``.
+    The largest tensor of a training or decoding step is thus made by two passes over memory (the doubled sum
+    ``2 query + 2 keys`` in one kernel, exactly ``2 (keys + query)``, then the sigmoid in place) and read once,
+    where the tanh itself would take two passes more. In reduced precision (autocast) the product is taken of
+    ``2 s - 1`` instead, so that it is rounded at the scale of the score rather than of ``w . s``."""
+    s = torch.add(query.unsqueeze(2) * 2, keys.unsqueeze(1), alpha=2).sigmoid_()
+    if s.dtype in (torch.float16, torch.bfloat16):
         with torch.autocast(keys.device.type, enabled=False):
-            return hidden, F.linear(hidden, weight.to(hidden.dtype), None if bias is None else bias.to(hidden.dtype)).squeeze(-1)
-    return hidden, F.linear(hidden, weight, bias).squeeze(-1)
+            return s, F.linear(s * 2 - 1, weight.to(s.dtype), None if bias is None else bias.to(s.dtype)).squeeze(-1)
+    offset = -weight.sum() if bias is None else bias - weight.sum()
+    return s, torch.addmm(offset, s.view(-1, s.shape[-1]), weight.view(-1, 1), alpha=2).view(s.shape[:-1])
 
 
 class _AdditiveTanhScore(torch.autograd.Function):
     """The additive score ``e = w . tanh(k_i + q) + b`` (B, k, L) of keys (B, L, A) against queries (B, k, A) as
-    one autograd node. Its ``(B, k, L, A)`` hidden tensor, the largest of a training step, is made and saved
-    once; the backward pass takes ``dw`` from it, then turns it in place (unless the graph is kept for another
-    backward pass) into ``grad * w * (1 - hidden^2)``: two passes over memory already there, where torch's own
-    graph makes a matrix product of inner size 1 (which the CPU BLAS runs several times slower than a broadcast
-    product) and a fresh ``tanh'`` tensor. The same numbers as ``energy(tanh_(keys + q))``."""
+    one autograd node. Its ``(B, k, L, A)`` tensor ``s = sigmoid(2 (k_i + q))``, the largest of a training step,
+    is made and saved once (:func:`_additive_sigmoid_and_scores`); the backward pass takes ``dw = sum grad (2 s -
+    1)`` from it, then turns it in place (unless the graph is kept for another backward pass) into ``grad * w *
+    tanh'`` with ``tanh'(x) = 1 - tanh(x)^2 = 4 s (1 - s)``: two passes over memory already there, where torch's
+    own graph makes a matrix product of inner size 1 (which the CPU BLAS runs several times slower than a
+    broadcast product) and a fresh ``tanh'`` tensor."""
 
     @staticmethod
     def forward(ctx, keys, query, weight, bias):
-        hidden, scores = _additive_hidden_and_scores(keys, query, weight, bias)
-        ctx.save_for_backward(hidden, weight)
+        s, scores = _additive_sigmoid_and_scores(keys, query, weight, bias)
+        ctx.save_for_backward(s, weight)
         ctx.has_bias = bias is not None
         return scores
 
     @staticmethod
     def backward(ctx, grad):
-        hidden, weight = ctx.saved_tensors
-        size = hidden.shape[-1]
-        grad = grad.to(hidden.dtype)
+        s, weight = ctx.saved_tensors
+        size = s.shape[-1]
+        grad = grad.to(s.dtype)
         column = grad.reshape(-1, 1)                                                 # (B k L, 1)
-        flat = hidden.view(-1, size)
+        flat = s.view(-1, size)
         grad_keys = grad_query = grad_weight = grad_bias = None
-        if ctx.needs_input_grad[2]:   # sum of grad * hidden: image by image (a batched product; one matrix-vector
+        if ctx.needs_input_grad[2]:   # sum of grad * s: image by image (a batched product; one matrix-vector
             # product over all rows is a single thread's work in MKL), then over the images
-            grad_weight = torch.bmm(grad.reshape(hidden.shape[0], 1, -1), hidden.view(hidden.shape[0], -1, size))
-            grad_weight = grad_weight.sum(0).to(weight.dtype)
+            grad_s = torch.bmm(grad.reshape(s.shape[0], 1, -1), s.view(s.shape[0], -1, size)).sum(0)
+            exact = torch.promote_types(s.dtype, torch.float32)                     # bf16 and fp16 summed in fp32
+            grad_weight = (grad_s.to(exact) * 2 - grad.to(exact).sum()).to(weight.dtype)   # sum of grad * tanh
         if ctx.has_bias and ctx.needs_input_grad[3]:
             grad_bias = grad.sum().reshape(1)
         if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
-            w = weight.to(hidden.dtype).view(1, -1)
+            w = weight.to(s.dtype).view(1, -1) * 4
             if backward_keeps_graph():
-                d = torch.mul(w, column)                                             # d e / d hidden
-                torch.ops.aten.tanh_backward.grad_input(d, flat, grad_input=d)      # * (1 - hidden^2)
+                d = torch.mul(w, column)                                             # d e / d tanh, times 4
+                torch.ops.aten.sigmoid_backward.grad_input(d, flat, grad_input=d)   # * s (1 - s)
             else:
-                d = torch.ops.aten.tanh_backward.grad_input(w.expand_as(flat), flat, grad_input=flat).mul_(column)
-            d = d.view(hidden.shape)
+                d = torch.ops.aten.sigmoid_backward.grad_input(w.expand_as(flat), flat, grad_input=flat).mul_(column)
+            d = d.view(s.shape)
             if ctx.needs_input_grad[0]:
                 grad_keys = d.squeeze(1) if d.shape[1] == 1 else d.sum(1)
             if ctx.needs_input_grad[1]:
@@ -122,11 +99,10 @@ def additive_tanh_scores(keys: torch.Tensor, query: torch.Tensor, weight: torch.
     (:class:`_AdditiveTanhScore`) when a gradient is needed."""
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (keys, query, weight, bias)):
         return _AdditiveTanhScore.apply(keys, query, weight, bias)
-    return _additive_hidden_and_scores(keys, query, weight, bias)[1]
+    return _additive_sigmoid_and_scores(keys, query, weight, bias)[1]
 
 
-# in place on the fresh sum: one pass less over the (B, k, L, A) tensor, the largest of a decoding step
-ACTIVATIONS = {"tanh": tanh_, "relu": torch.relu_}
+ACTIVATIONS = ("tanh", "relu")
 
 
 class RegionAttention(nn.Module):
@@ -140,8 +116,7 @@ class RegionAttention(nn.Module):
         if activation not in ACTIVATIONS:
             raise ValueError(f"the additive score's activation must be one of {tuple(ACTIVATIONS)}, not {activation!r}")
         self.score = score
-        self.activation_name = activation
-        self.activation = ACTIVATIONS[activation]
+        self.activation = activation
         if score == "additive":
             self.region_proj = nn.Linear(region_dim, attention_dim)
             self.query_proj = nn.Linear(query_dim, attention_dim, bias=False)
@@ -182,9 +157,9 @@ class RegionAttention(nn.Module):
             q = query if self.score == "general" else self.query_proj(query)
         q = q.view(images, rows // images, -1)                                      # (B, k, A)
         if self.score == "additive":
-            if self.activation_name == "tanh":
+            if self.activation == "tanh":
                 return additive_tanh_scores(keys, q, self.energy.weight, self.energy.bias).reshape(rows, num_regions)
-            hidden = self.activation(keys.unsqueeze(1) + q.unsqueeze(2))             # (B, k, L, A)
+            hidden = torch.relu_(keys.unsqueeze(1) + q.unsqueeze(2))                 # (B, k, L, A), in place on the fresh sum
             return self.energy(hidden).reshape(rows, num_regions)
         return torch.bmm(q, keys.transpose(1, 2)).reshape(rows, num_regions) * self.scale
 
