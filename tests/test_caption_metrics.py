@@ -74,6 +74,7 @@ def scores(tmp_path_factory):
                 super().__init__(java)
 
         patch.setattr(caption_metrics, "_MeteorProcess", Counted)
+        caption_metrics._KEPT_METEOR.close()            # not one that an earlier test on this worker left
         result = {
             "right": score_captions(REFERENCES, RIGHT),
             "wrong": score_captions(REFERENCES, WRONG),
