@@ -34,6 +34,7 @@ from pathlib import Path
 
 import torch
 
+from captioner.checkpoint import checkpoint_digest
 from captioner.config import Config, load_config, recipes
 from captioner.data.readers import read_split
 from captioner.data.shapes import FORMAT_VERSION, generate_shapes, shapes_info
@@ -256,11 +257,27 @@ def train_run(name: str, config: Config, progress: bool = True, resume: bool = F
 
 
 def score_run(name: str, result: dict, out: Path) -> dict:
-    """Score the run :func:`train_run` trained on the test split; its row of the summary."""
-    scores = evaluate_checkpoint(result["checkpoint"], "test", out_dir=out / name, progress=False)
+    """Score the run :func:`train_run` trained on the test split; its row of the summary. A checkpoint whose test
+    scores its folder already holds (a finished run that ``--resume`` trained no further) is not scored again."""
+    scores = earlier_scores(out / name, result["checkpoint"])
+    if scores is None:
+        scores = evaluate_checkpoint(result["checkpoint"], "test", out_dir=out / name, progress=False)
+    else:
+        print(f"'{name}': the test scores of {Path(result['checkpoint']).name} kept from before", flush=True)
     return {**{k: scores.get(k) for k in SUMMARY_KEYS}, "ROUGE-L": scores.get("ROUGE-L"), "BLEU-1": scores.get("BLEU-1"),
             "train_seconds": round(result["train_seconds"], 1), "words_per_s": round(result["words_per_s"] or 0),
             "epochs": result["epochs"], "checkpoint": result["checkpoint"]}
+
+
+def earlier_scores(folder: Path, checkpoint: str) -> dict | None:
+    """The test scores in ``folder`` when they are those of ``checkpoint`` as it is now (its SHA-256 recorded in
+    them), else None."""
+    try:
+        scores = json.loads((folder / "scores_test.json").read_text())
+    except (OSError, ValueError):
+        return None
+    same = isinstance(scores, dict) and scores.get("checkpoint_sha256") == [checkpoint_digest(checkpoint)]
+    return scores if same else None
 
 
 def finished(name: str, row: dict, started: float) -> dict:

@@ -63,16 +63,18 @@ def test_demo_fast_writes_the_summary_figures_and_report(tmp_path, capfd):
     assert (again / "workers" / "scores_test.json").is_file()      # rank 0 scored it
     # --resume continues a run from its last.pt: a finished one trains no further and keeps its scores (here on
     # two worker processes, after one trained it: the first run on both, data parallel, then the others side by side).
-    last = {name: (out / name / "last.pt").stat().st_mtime_ns for name in ("none", "hard")}
+    kept = [out / name / file for name in ("none", "hard") for file in ("last.pt", "scores_test.json")]
+    written = {path: path.stat().st_mtime_ns for path in kept}
     assert main(["demo", "--fast", "--out", str(out), "--data", str(data), "--runs", "none", "hard", "--resume",
                  "--processes", "2"]) == 0
     printed = capfd.readouterr().out
     assert "'none' on all of them, data parallel, then the others side by side, one process each" in printed   # soft was trained before
     assert "'none' (LSTM, attention: none), on from its last.pt" in printed
     assert "'hard' (LSTM, attention: hard), on from its last.pt" in printed
-    assert {name: (out / name / "last.pt").stat().st_mtime_ns for name in last} == last
+    assert "'hard': the test scores of best.pt kept from before" in printed                # nor scored again
+    assert {path: path.stat().st_mtime_ns for path in kept} == written
     resumed = json.loads((out / "summary.json").read_text())["runs"]
-    for name in last:
+    for name in ("none", "hard"):
         assert all(resumed[name][k] == summary["runs"][name][k] for k in ("BLEU-4", "CIDEr", "METEOR", "epochs"))
 
 
