@@ -3,7 +3,7 @@
 `make test` runs the suite on parallel workers (pytest-xdist, ``-n auto --dist loadscope --no-loadscope-reorder``):
 :func:`pytest_xdist_auto_num_workers` picks how many; each worker gets an equal share of the cores as torch threads;
 each test module runs whole on one worker, in its own order, so that its module-scoped fixtures (a trained run,
-METEOR's Java, a live server, a 60-megapixel PNG) are made once; the modules of the long tests start first
+METEOR's Java, a live server, a 60-megapixel PNG) are made once; the heaviest modules start first
 (:func:`pytest_collection_modifyitems`); and the costly session fixtures are built once for all workers
 (:func:`shared_by_workers`). Plain ``pytest tests`` still runs everything in one process, in collection order.
 (``--dist loadgroup`` with xdist_group marks would be finer, but pytest 9.2 ignores the node-ID suffix through
@@ -45,9 +45,7 @@ if WORKERS > 1:
     torch.set_num_threads(THREADS)
     os.environ["OMP_NUM_THREADS"] = str(THREADS)
 
-# Tests that take tens of seconds (besides those marked slow): on parallel workers their modules run first, so that
-# none is left to run alone at the end (in one process the order stays as collected).
-# Marked slow as well, so `-m "not slow"` gives a quick run.
+# Tests that take tens of seconds (besides those marked slow), marked slow, so that `-m "not slow"` gives a quick run.
 LONG_TESTS = {
     "test_demo_fast_writes_the_summary_figures_and_report", "test_notebook_runs_in_small_mode",
     "test_cpu_switches_channels_last_a_no_op_amp_and_compile_close_to_float32",
@@ -65,12 +63,20 @@ LONG_TESTS = {
 }
 
 
+# On parallel workers the modules start heaviest first, so that the workers end together (longest processing time
+# first): these, by their share of a `make test` on 2 cores (pytest --durations=0, 2026-11-26), then the others.
+HEAVY_MODULES = ("test_demo", "test_wheel", "test_export", "test_notebooks", "test_distributed", "test_serve_hostile",
+                 "test_caption_metrics", "test_reliability", "test_speed_levers", "test_training", "test_serve",
+                 "test_serve_batching")
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if getattr(item, "originalname", item.name) in LONG_TESTS:
             item.add_marker(pytest.mark.slow)
     if "PYTEST_XDIST_WORKER" in os.environ:      # each worker collects alike, so they agree on the order
-        items.sort(key=lambda item: item.get_closest_marker("slow") is None)     # stable: otherwise as collected
+        rank = {name: index for index, name in enumerate(HEAVY_MODULES)}
+        items.sort(key=lambda item: rank.get(item.module.__name__.rpartition(".")[2], len(rank)))   # stable
 
 
 def shared_by_workers(tmp_path_factory, name: str, build):
