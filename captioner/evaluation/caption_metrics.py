@@ -26,13 +26,13 @@ in the log.
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
 import re
 import shutil
 import subprocess
-import atexit
 import tempfile
 import threading
 from collections.abc import Mapping

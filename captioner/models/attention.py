@@ -114,7 +114,7 @@ class RegionAttention(nn.Module):
         if score not in SCORES:
             raise ValueError(f"attention score must be one of {SCORES}, not {score!r}")
         if activation not in ACTIVATIONS:
-            raise ValueError(f"the additive score's activation must be one of {tuple(ACTIVATIONS)}, not {activation!r}")
+            raise ValueError(f"the additive score's activation must be one of {ACTIVATIONS}, not {activation!r}")
         self.score = score
         self.activation = activation
         if score == "additive":

@@ -52,7 +52,7 @@ class LSTMDecoderConfig:
     attention: str = setting("additive", "additive | dot | scaled_dot | general | none (context = mean of regions)",
                              choices=SCORES)
     score_activation: str = setting("tanh", "additive score: w . f(W_a a + W_h h) with f = tanh (the paper) | relu",
-                                    choices=tuple(ACTIVATIONS))
+                                    choices=ACTIVATIONS)
     attention_mode: str = setting("soft", "soft | hard (stochastic hard attention trained with REINFORCE)",
                                   choices=("soft", "hard"))
     attention_dim: int = setting(512, "A: size of the projected regions and query in the score", minimum=1)
