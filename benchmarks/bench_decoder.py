@@ -14,11 +14,14 @@ Beam search: images/s for k = 1, 3, 5 at batch 1 and 32, 20 steps (a random mode
 runs the full length). Fresh process: a k = 3, batch 32 search in a new Python process that sets up the
 allocator as the command line does, against the same search in this warmed-up process, in pairs.
 
+``--device cuda`` measures the training and beam-search parts on a GPU (``bf16``: CUDA autocast, as ``train.amp``
+does there; times synchronised; the peak is that of a large fp32 product on the GPU, TF32 as torch's default).
 ``--isa avx2`` runs as on a CPU without AVX-512 (see ``common.ISA_ENVIRONMENTS``); the JSON's ``machine`` says
 which CPU, vector extensions, torch kernels, threads and torch version the figures came from, with the load
 average before and after (the figures are only comparable within one run).
 
     python benchmarks/bench_decoder.py [--quick] [--threads N] [--pairs N] [--isa avx2] [--only training beam fresh]
+                                       [--device auto|cpu|cuda]
 """
 
 from __future__ import annotations
@@ -57,9 +60,9 @@ from captioner.training.losses import caption_loss
 HERE = Path(__file__).resolve().parent
 
 
-def paper_decoder(region_dim: int = 512) -> LSTMDecoder:
+def paper_decoder(region_dim: int = 512, device: torch.device | str = "cpu") -> LSTMDecoder:
     torch.manual_seed(0)
-    return LSTMDecoder(LSTMDecoderConfig(vocab_size=VOCAB, region_dim=region_dim, grid=(14, 14)))
+    return LSTMDecoder(LSTMDecoderConfig(vocab_size=VOCAB, region_dim=region_dim, grid=(14, 14))).to(device)
 
 
 def our_step(decoder, features, optimizer, amp: bool = False):
@@ -86,9 +89,16 @@ def tutorial_step(decoder, features, optimizer):
     return step
 
 
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def timed_words(step, captions) -> float:
+    synchronize(captions.device)
     started = time.perf_counter()
     words = step(captions)
+    synchronize(captions.device)
     return words / (time.perf_counter() - started)
 
 
@@ -96,19 +106,20 @@ def summary(values: list[float]) -> dict:
     return {"median": round(statistics.median(values), 2), "min": round(min(values), 2), "max": round(max(values), 2)}
 
 
-def bench_training(region_dim: int, pairs: int, peak: float, batch: int = 32) -> dict:
+def bench_training(region_dim: int, pairs: int, peak: float, batch: int = 32,
+                   device: torch.device = torch.device("cpu")) -> dict:
     """Words/s of the tutorial reference and of each captioner variant, step by step in turn."""
     generator = torch.Generator().manual_seed(0)
-    features = torch.randn(batch, 196, region_dim, generator=generator)
-    reference = TutorialDecoder(VOCAB, region_dim=region_dim).train()
+    features = torch.randn(batch, 196, region_dim, generator=generator).to(device)
+    reference = TutorialDecoder(VOCAB, region_dim=region_dim).to(device).train()
     steps = {"tutorial": tutorial_step(reference, features, torch.optim.Adam(reference.parameters(), lr=1e-4))}
     for name in ("fp32", "compiled", "bf16"):
-        decoder = paper_decoder(region_dim).train()
+        decoder = paper_decoder(region_dim, device).train()
         if name == "compiled" and not compile_decoder(decoder):
             continue
         optimizer = torch.optim.Adam(decoder.parameters(), lr=1e-4, fused=True)   # as the engine's make_optimizer
         steps[name] = our_step(decoder, features, optimizer, amp=name == "bf16")
-    batches = [random_captions(batch, generator) for _ in range(pairs + 2)]
+    batches = [random_captions(batch, generator).to(device) for _ in range(pairs + 2)]
     for step in steps.values():   # warm-up (and compilation)
         step(batches[0])
         step(batches[1])
@@ -129,11 +140,14 @@ def bench_training(region_dim: int, pairs: int, peak: float, batch: int = 32) ->
 
 def bench_beam(decoder: LSTMDecoder, beam: int, batch: int, images: int) -> float:
     decoder.eval()
-    features = torch.randn(images, 196, decoder.config.region_dim)
+    device = next(decoder.parameters()).device
+    features = torch.randn(images, 196, decoder.config.region_dim, device=device)
     beam_search(decoder, features[:batch], beam_size=beam, max_length=20, rules=RULES)
+    synchronize(device)
     started = time.perf_counter()
     for i in range(0, images, batch):
         beam_search(decoder, features[i : i + batch], beam_size=beam, max_length=20, rules=RULES)
+    synchronize(device)
     return round(images / (time.perf_counter() - started), 2)
 
 
@@ -186,28 +200,28 @@ PARTS = ("training", "fresh", "beam")
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(parser, device=False)
+    add_arguments(parser)
     add_isa_argument(parser)
     parser.add_argument("--pairs", type=int, default=None, help="interleaved measurements per ratio (default 5; 3 with --quick)")
     parser.add_argument("--only", nargs="+", choices=PARTS, default=PARTS, help="the parts to measure (default all)")
     parser.add_argument("--dims", nargs="+", type=int, default=[512, 2048], help="region sizes D for training (default 512 2048)")
     args = parser.parse_args()
     run_with_isa(args.isa)
-    setup(args)
+    device = setup(args)
     pairs = args.pairs or (3 if args.quick else 5)
-    peak = matmul_peak_gflops()
-    result = {"device": "cpu", "threads": torch.get_num_threads(), "torch": torch.__version__,
+    peak = matmul_peak_gflops(device)
+    result = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu", "threads": torch.get_num_threads(), "torch": torch.__version__,
               "machine": platform.machine(), "cpu": machine_facts(args.isa), "matmul_peak_gflops": round(peak, 1),
               "pairs": pairs}
     if "training" in args.only:
         result["training"] = {}
         for region_dim in args.dims:
-            result["training"][f"D={region_dim}"] = bench_training(region_dim, pairs, peak)
-    if "fresh" in args.only:
+            result["training"][f"D={region_dim}"] = bench_training(region_dim, pairs, peak, device=device)
+    if "fresh" in args.only and device.type == "cpu":   # the command line's CPU allocator set-up
         result["fresh_process_beam"] = bench_fresh_process(pairs)
     if "beam" in args.only:
         result["beam_images_per_s"] = {}
-        decoder = paper_decoder(512)
+        decoder = paper_decoder(512, device)
         for beam in (1, 3, 5):
             for batch in (1, 32):
                 images = (32 if args.quick else 64) if batch > 1 else 8

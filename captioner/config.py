@@ -112,7 +112,7 @@ class TrainConfig:
         "auto", "mixed precision: auto | true | false. auto: on CUDA (bf16 where supported, else fp16 with a gradient "
         "scaler); on a CPU bf16 only where it has native bf16 and a start-up probe finds the step 1.25x faster",
         choices=(True, False, "auto"))
-    compile: bool = setting(False, "torch.compile: the whole model on CUDA, the decoder's per-word step on CPU")
+    compile: bool = setting(False, "torch.compile of the decoder's repeated work (LSTM step, Transformer layers)")
     channels_last: bool = setting(True, "channels-last memory format for the CNN when fine-tuning on CUDA")
     init_from: str | None = setting(
         None, "a checkpoint to start from: its weights, vocabulary, model and encoder settings")

@@ -66,6 +66,33 @@ def test_compiled_training_matches_eager(make):
     assert update_difference(start, eager, compiled) < 0.05                         # measured: 0.016 at most
 
 
+@pytest.mark.parametrize("mode", ["soft", "hard"])
+def test_torch_compile_tracing_the_whole_lstm_pass_gets_the_eager_gradients(mode):
+    """What compiling a whole model does to the decoder, dynamo and AOT autograd tracing its teacher-forced pass
+    (``aot_eager`` leaves out code generation): the one-product weight gradients read a record that the steps fill
+    after their node's forward, which a tracer cannot follow, so traced code takes per-step autograd (on a GPU,
+    compiling the whole model once failed here with an empty ``torch.cat``). Errors must surface, not fall back."""
+    def make():
+        torch.manual_seed(0)
+        return LSTMDecoder(LSTMDecoderConfig(vocab_size=12, region_dim=16, grid=(3, 4), attention_dim=12, embed_dim=10,
+                                             hidden_dim=14, dropout=0.0, attention_mode=mode))
+    features = torch.randn(4, 12, 16, generator=torch.Generator().manual_seed(1))
+
+    def gradients(forward, decoder):
+        torch.manual_seed(3)                                   # the same location samples for hard attention
+        out = forward(features, CAPTIONS)
+        caption_loss(out.logits, CAPTIONS[:, 1:], out.alpha, 1.0)["loss"].backward()
+        return {name: p.grad for name, p in decoder.named_parameters()}
+
+    eager = make()
+    traced = copy.deepcopy(eager)
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(suppress_errors=False):
+        expected, got = gradients(eager, eager), gradients(torch.compile(traced, backend="aot_eager"), traced)
+    for name, grad in expected.items():
+        torch.testing.assert_close(got[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
 def test_bf16_autocast_training_stays_close_to_fp32():
     start, fp32, bf16 = lstm(), lstm(), lstm()
     a, b = train_steps(fp32, 5), train_steps(bf16, 5, amp=True)

@@ -130,16 +130,21 @@ class _RecurrentTerms(torch.autograd.Function):
     accumulations of the full weight."""
 
     @staticmethod
-    def forward(ctx, input_gates, gate_bias, recurrent_weight, query_weight, gate_weight, record):
-        ctx.record = record
-        ctx.sizes = [input_gates.shape[1]] + [w.shape[0] for w in (query_weight, gate_weight) if w is not None]
-        ctx.has_query, ctx.has_gate = query_weight is not None, gate_weight is not None
+    def carrier(input_gates, gate_bias, query_weight, gate_weight) -> torch.Tensor:
+        """The pre-activations before the steps add theirs: ``[input_gates | 0 | gate_bias]`` (W, 4H [+ A] [+ G])."""
         parts = [input_gates]
         if query_weight is not None:
             parts.append(input_gates.new_zeros(input_gates.shape[0], query_weight.shape[0]))
         if gate_weight is not None:
             parts.append(gate_bias.to(input_gates.dtype).expand(input_gates.shape[0], -1))
         return torch.cat(parts, dim=1)
+
+    @staticmethod
+    def forward(ctx, input_gates, gate_bias, recurrent_weight, query_weight, gate_weight, record):
+        ctx.record = record
+        ctx.sizes = [input_gates.shape[1]] + [w.shape[0] for w in (query_weight, gate_weight) if w is not None]
+        ctx.has_query, ctx.has_gate = query_weight is not None, gate_weight is not None
+        return _RecurrentTerms.carrier(input_gates, gate_bias, query_weight, gate_weight)
 
     @staticmethod
     def backward(ctx, grad):
@@ -308,12 +313,18 @@ class LSTMDecoder(nn.Module):
         if sampling:
             expectation_rows = torch.rand(batch, device=captions.device) < self.config.expectation_probability
             running_expectation = expectation_rows.index_select(0, order)
-        record = _StepRecord() if torch.is_grad_enabled() else None
+        # the one-product weight gradients read the steps' inputs from a record filled after this node's forward:
+        # a side channel torch.compile cannot trace (it builds the backward graph first), so compiled code takes
+        # plain autograd through each step's products instead (the same gradients, more work)
+        record = _StepRecord() if torch.is_grad_enabled() and not torch.compiler.is_compiling() else None
         query, gate = self.attention.query_projection, self.gate
-        carrier = _RecurrentTerms.apply(self.input_gates(embedded), None if gate is None else gate.bias,
-                                        self.recurrent_gates.weight, None if query is None else query.weight,
-                                        None if gate is None else gate.weight, record)
-        hidden_weight, context_weight = self.step_weights(carrier)
+        terms = (self.input_gates(embedded), None if gate is None else gate.bias, self.recurrent_gates.weight,
+                 None if query is None else query.weight, None if gate is None else gate.weight)
+        if record is not None:
+            carrier = _RecurrentTerms.apply(*terms, record)
+        else:
+            carrier = _RecurrentTerms.carrier(terms[0], terms[1], terms[3], terms[4])
+        hidden_weight, context_weight = self.step_weights(carrier, detach=record is not None)
         hs, zs, alphas, infos = self.recurrence(regions, keys, h, c, carrier.split(running), hidden_weight,
                                                 context_weight, running, running_expectation, record)
         deep = self.deep_output(embedded, torch.cat(hs), torch.cat(zs))              # (W, E), packed
@@ -325,13 +336,16 @@ class LSTMDecoder(nn.Module):
             out.expectation_rows = expectation_rows
         return out
 
-    def step_weights(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The weights a teacher-forced step multiplies by, detached (their gradients come from
-        :class:`_RecurrentTerms`), transposed, cast once to the autocast type if one is on: ``[W_h; W_q;
-        W_beta]^T`` (H, 4H [+ A] [+ G]), the maps of ``h_{t-1}`` in one matrix, and ``W_z^T`` (D', 4H)."""
-        weight = self.recurrent_gates.weight.detach()
+    def step_weights(self, like: torch.Tensor, detach: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        """The weights a teacher-forced step multiplies by, transposed, cast once to the autocast type if one is
+        on: ``[W_h; W_q; W_beta]^T`` (H, 4H [+ A] [+ G]), the maps of ``h_{t-1}`` in one matrix, and ``W_z^T``
+        (D', 4H). ``detach`` when their gradients come from :class:`_RecurrentTerms`."""
+        def maybe_detached(w: torch.Tensor) -> torch.Tensor:
+            return w.detach() if detach else w
+
+        weight = maybe_detached(self.recurrent_gates.weight)
         d = self.context_dim
-        hidden = torch.cat([weight[:, d:]] + [m.weight.detach() for m in self.hidden_maps()]).t()
+        hidden = torch.cat([weight[:, d:]] + [maybe_detached(m.weight) for m in self.hidden_maps()]).t()
         context = weight[:, :d].contiguous().t()          # a contiguous copy: small products ~15 % faster than strided
         device = like.device.type
         if torch.is_autocast_enabled(device):

@@ -209,16 +209,14 @@ def make_scheduler(optimizer, config: Config, steps_per_epoch: int) -> torch.opt
 
 
 def wrap_model(model: Captioner, config: Config, world: World, device: torch.device) -> nn.Module:
-    """The module that runs the forward pass: DistributedDataParallel across ranks, compiled on request
-    (CUDA: the whole model; CPU: the decoder's per-word step, :func:`compile_decoder`)."""
+    """The module that runs the forward pass: DistributedDataParallel across ranks. ``train.compile`` compiles the
+    decoder's repeated work (:func:`compile_decoder`: the LSTM's per-word step, the Transformer's layers) on every
+    device; not the whole model, whose LSTM loop torch.compile would unroll, and compile again, per caption length."""
     net: nn.Module = model
     if world.distributed:
         net = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     if config.train.compile:
-        if device.type == "cuda":
-            net = torch.compile(net)
-        else:
-            compile_decoder(model.decoder)
+        compile_decoder(model.decoder)
     return net
 
 
