@@ -141,6 +141,9 @@ def compile_decoder(decoder: nn.Module, mode: str | None = None, targets: tuple[
                     if targets else f"{type(decoder).__name__} names nothing to compile")
         return False
     torch._dynamo.config.suppress_errors = True
+    # no "duck" sizes: at the first LSTM step every row runs, so the slice of h_{t-1} and the step's pre-activations
+    # have one size, which torch.compile would otherwise take for a rule and compile again at the second step
+    torch.fx.experimental._config.use_duck_shape = False
     for name in targets:
         setattr(decoder, name, torch.compile(getattr(decoder, name), dynamic=True, mode=mode))
     return True

@@ -208,16 +208,11 @@ def make_scheduler(optimizer, config: Config, steps_per_epoch: int) -> torch.opt
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup if warmup else 1.0) * decay(step))
 
 
-def wrap_model(model: Captioner, config: Config, world: World, device: torch.device) -> nn.Module:
-    """The module that runs the forward pass: DistributedDataParallel across ranks. ``train.compile`` compiles the
-    decoder's repeated work (:func:`compile_decoder`: the LSTM's per-word step, the Transformer's layers) on every
-    device; not the whole model, whose LSTM loop torch.compile would unroll, and compile again, per caption length."""
-    net: nn.Module = model
+def wrap_model(model: Captioner, world: World, device: torch.device) -> nn.Module:
+    """The module that runs the forward pass: DistributedDataParallel across ranks, else the model itself."""
     if world.distributed:
-        net = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-    if config.train.compile:
-        compile_decoder(model.decoder)
-    return net
+        return nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    return model
 
 
 def epoch_loader(dataset: CaptionDataset, config: Config, world: World, device: torch.device, rank_batch: int,
@@ -260,7 +255,7 @@ def build_run(config: Config, world: World, device: torch.device, checkpoint: di
     optimizer = make_optimizer(model, config)
     first = loaders["scst" if train.objective == "scst" and train.scst_after_epoch == 0 else "xe"]
     return Run(config=config, world=world, device=device, dir=Path(config.run.out), vocab=vocab, model=model,
-               net=wrap_model(model, config, world, device), loss=build_loss(model.decoder, config.loss).to(device),
+               net=wrap_model(model, world, device), loss=build_loss(model.decoder, config.loss).to(device),
                optimizer=optimizer, scheduler=make_scheduler(optimizer, config, len(first)),
                scaler=torch.amp.GradScaler(device.type, enabled=train.amp is not False and amp_dtype(device) == torch.float16),
                loaders=loaders, val_set=make_dataset(config.data, val_records, vocab, model.encoder, pairs=False),
@@ -530,6 +525,11 @@ def _train(config: Config, world: World, device: torch.device, *, resume: bool, 
         clear_replaced_run(run_dir, world)
     state = restore(run, checkpoint) if checkpoint else TrainState()
     run.precision = decide_precision(run, state)
+    if config.train.compile:
+        # after the precision probe, which times the eager step (compiled, its steps on one thread and both
+        # precisions would compile variants the run never takes); the decoder's repeated work only, on every
+        # device: torch.compile would unroll the LSTM loop of a whole model and compile it per caption length
+        compile_decoder(run.model.decoder)
     state.train_images, state.train_captions = len(run.loaders["xe"].dataset.records), len(run.loaders["xe"].dataset)
     if world.is_main:
         for fact in startup_facts(run):
