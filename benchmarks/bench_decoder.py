@@ -47,6 +47,7 @@ from common import (
     random_captions,
     run_with_isa,
     setup,
+    synchronise,
 )
 from torch.utils.flop_counter import FlopCounterMode
 from tutorial_reference import TutorialDecoder, tutorial_loss
@@ -89,16 +90,11 @@ def tutorial_step(decoder, features, optimizer):
     return step
 
 
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def timed_words(step, captions) -> float:
-    synchronize(captions.device)
+    synchronise(captions.device)
     started = time.perf_counter()
     words = step(captions)
-    synchronize(captions.device)
+    synchronise(captions.device)
     return words / (time.perf_counter() - started)
 
 
@@ -143,11 +139,11 @@ def bench_beam(decoder: LSTMDecoder, beam: int, batch: int, images: int) -> floa
     device = next(decoder.parameters()).device
     features = torch.randn(images, 196, decoder.config.region_dim, device=device)
     beam_search(decoder, features[:batch], beam_size=beam, max_length=20, rules=RULES)
-    synchronize(device)
+    synchronise(device)
     started = time.perf_counter()
     for i in range(0, images, batch):
         beam_search(decoder, features[i : i + batch], beam_size=beam, max_length=20, rules=RULES)
-    synchronize(device)
+    synchronise(device)
     return round(images / (time.perf_counter() - started), 2)
 
 
@@ -210,7 +206,8 @@ def main() -> None:
     device = setup(args)
     pairs = args.pairs or (3 if args.quick else 5)
     peak = matmul_peak_gflops(device)
-    result = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu", "threads": torch.get_num_threads(), "torch": torch.__version__,
+    result = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+              "threads": torch.get_num_threads(), "torch": torch.__version__,
               "machine": platform.machine(), "cpu": machine_facts(args.isa), "matmul_peak_gflops": round(peak, 1),
               "pairs": pairs}
     if "training" in args.only:

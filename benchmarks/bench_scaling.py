@@ -21,7 +21,7 @@ import statistics
 import time
 
 import torch
-from common import END, RULES, START, VOCAB, PeakMemory, add_arguments, random_captions, setup
+from common import END, RULES, START, VOCAB, PeakMemory, add_arguments, random_captions, setup, synchronise
 
 from captioner.config import load_config
 from captioner.decoding.search import beam_search
@@ -42,11 +42,6 @@ def make_config(name: str) -> dict:
 def make_decoder(config: dict, regions: int, device: torch.device) -> torch.nn.Module:
     side = int(math.isqrt(regions))
     return build_decoder(config.model, VOCAB, 512, (side, regions // side)).to(device)
-
-
-def synchronise(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 class Memory:

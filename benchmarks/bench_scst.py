@@ -14,7 +14,7 @@ import platform
 import time
 
 import torch
-from common import RULES, VOCAB, add_arguments, setup
+from common import RULES, VOCAB, add_arguments, setup, synchronise
 
 from captioner.data.vocabulary import Vocabulary
 from captioner.decoding.search import sample_captions
@@ -33,12 +33,10 @@ def synthetic_references(images: int, generator: torch.Generator) -> dict[int, l
 
 
 def timed(device: torch.device, work):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    synchronise(device)
     started = time.perf_counter()
     out = work()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    synchronise(device)
     return out, time.perf_counter() - started
 
 

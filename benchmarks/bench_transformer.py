@@ -35,6 +35,7 @@ from common import (
     machine_facts,
     random_captions,
     setup,
+    synchronise,
     training_step,
 )
 
@@ -48,11 +49,6 @@ from captioner.models.transformer_decoder import (
 )
 
 REGIONS, REGION_DIM = 196, 512
-
-
-def synchronise(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def bench_training(decoder: TransformerDecoder, device: torch.device, steps: int, batch: int = 32) -> dict:

@@ -48,6 +48,12 @@ def training_step(decoder: torch.nn.Module, features: torch.Tensor, optimizer: t
     return step
 
 
+def synchronise(device: torch.device) -> None:
+    """Wait for ``device``'s queued work (CUDA runs asynchronously; on a CPU nothing is queued)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def matmul_peak_gflops(device: torch.device | str = "cpu", size: int = 2048, repeats: int = 10) -> float:
     """GFLOP/s of a large fp32 matrix product on ``device`` (the CPU: on the current threads; CUDA: 8192 x 8192,
     synchronised, in torch's default fp32 matmul precision)."""
@@ -55,13 +61,11 @@ def matmul_peak_gflops(device: torch.device | str = "cpu", size: int = 2048, rep
     size = 8192 if device.type == "cuda" else size
     a, b = torch.randn(size, size, device=device), torch.randn(size, size, device=device)
     a @ b
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    synchronise(device)
     started = time.perf_counter()
     for _ in range(repeats):
         a @ b
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    synchronise(device)
     return 2 * size**3 * repeats / (time.perf_counter() - started) / 1e9
 
 

@@ -19,10 +19,10 @@ from captioner.training.losses import caption_loss
 CAPTIONS = torch.tensor([[1, 5, 6, 7, 2, 0], [1, 8, 2, 0, 0, 0], [1, 5, 5, 9, 9, 2], [1, 4, 2, 0, 0, 0]])
 
 
-def lstm() -> LSTMDecoder:
+def lstm(attention_mode: str = "soft") -> LSTMDecoder:
     torch.manual_seed(0)
     return LSTMDecoder(LSTMDecoderConfig(vocab_size=12, region_dim=16, grid=(3, 4), attention_dim=12, embed_dim=10,
-                                         hidden_dim=14, dropout=0.0))
+                                         hidden_dim=14, dropout=0.0, attention_mode=attention_mode))
 
 
 def transformer() -> TransformerDecoder:
@@ -72,10 +72,6 @@ def test_torch_compile_tracing_the_whole_lstm_pass_gets_the_eager_gradients(mode
     (``aot_eager`` leaves out code generation): the one-product weight gradients read a record that the steps fill
     after their node's forward, which a tracer cannot follow, so traced code takes per-step autograd (on a GPU,
     compiling the whole model once failed here with an empty ``torch.cat``). Errors must surface, not fall back."""
-    def make():
-        torch.manual_seed(0)
-        return LSTMDecoder(LSTMDecoderConfig(vocab_size=12, region_dim=16, grid=(3, 4), attention_dim=12, embed_dim=10,
-                                             hidden_dim=14, dropout=0.0, attention_mode=mode))
     features = torch.randn(4, 12, 16, generator=torch.Generator().manual_seed(1))
 
     def gradients(forward, decoder):
@@ -84,7 +80,7 @@ def test_torch_compile_tracing_the_whole_lstm_pass_gets_the_eager_gradients(mode
         caption_loss(out.logits, CAPTIONS[:, 1:], out.alpha, 1.0)["loss"].backward()
         return {name: p.grad for name, p in decoder.named_parameters()}
 
-    eager = make()
+    eager = lstm(mode)
     traced = copy.deepcopy(eager)
     torch._dynamo.reset()
     with torch._dynamo.config.patch(suppress_errors=False):

@@ -318,12 +318,13 @@ class LSTMDecoder(nn.Module):
         # plain autograd through each step's products instead (the same gradients, more work)
         record = _StepRecord() if torch.is_grad_enabled() and not torch.compiler.is_compiling() else None
         query, gate = self.attention.query_projection, self.gate
-        terms = (self.input_gates(embedded), None if gate is None else gate.bias, self.recurrent_gates.weight,
-                 None if query is None else query.weight, None if gate is None else gate.weight)
+        input_gates, query_weight = self.input_gates(embedded), None if query is None else query.weight
+        gate_bias, gate_weight = (None, None) if gate is None else (gate.bias, gate.weight)
         if record is not None:
-            carrier = _RecurrentTerms.apply(*terms, record)
+            carrier = _RecurrentTerms.apply(input_gates, gate_bias, self.recurrent_gates.weight, query_weight,
+                                            gate_weight, record)
         else:
-            carrier = _RecurrentTerms.carrier(terms[0], terms[1], terms[3], terms[4])
+            carrier = _RecurrentTerms.carrier(input_gates, gate_bias, query_weight, gate_weight)
         hidden_weight, context_weight = self.step_weights(carrier, detach=record is not None)
         hs, zs, alphas, infos = self.recurrence(regions, keys, h, c, carrier.split(running), hidden_weight,
                                                 context_weight, running, running_expectation, record)
