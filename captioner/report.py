@@ -39,6 +39,7 @@ from captioner.evaluation.attention_stats import attention_statistics
 from captioner.evaluation.evaluate import evaluate_checkpoint, split_dataset
 from captioner.predictor import Predictor
 from captioner.utils import write_file
+from captioner.visualisation.attention_figure import PNG_COMPRESSION
 
 log = logging.getLogger(__name__)
 
@@ -161,7 +162,8 @@ def run_names(run_dirs: list[Path]) -> list[str]:
 
 def _save(figure: Figure, path: Path) -> Path:
     FigureCanvasAgg(figure)
-    write_file(path, lambda handle: figure.savefig(handle, format="png", dpi=100, bbox_inches="tight"))
+    write_file(path, lambda handle: figure.savefig(handle, format="png", dpi=100, bbox_inches="tight",
+                                                   pil_kwargs={"compress_level": PNG_COMPRESSION}))
     return path
 
 

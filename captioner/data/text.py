@@ -35,7 +35,6 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 
-from nltk.tokenize import TreebankWordTokenizer
 from pycocoevalcap.tokenizer.ptbtokenizer import PUNCTUATIONS
 
 OPEN_WORDS = frozenset({"a", "an", "the", "of", "with", "and", "in", "on", "at", "to", "for", "from", "by", "his", "her",
@@ -59,7 +58,6 @@ CAPITALISED_ABBREVIATIONS = frozenset("ark del ill la miss ore tex mass wash pa"
 NUMBER_ABBREVIATIONS = frozenset("no nos fig figs pp ca op".split())
 """Words whose period is kept only before a number: ``"no. 5"``."""
 
-_TREEBANK = TreebankWordTokenizer()
 _CHARACTERS = str.maketrans({"‘": "'", "’": "'", "‛": "'", "“": '"', "”": '"', "«": '"', "»": '"', "`": " ` ",
                              "—": " -- ", "–": " -- ", "…": " ... ", "½": " 1/2 ", "¼": " 1/4 ", "¾": " 3/4 ",
                              "£": " # ", "€": " $ ", "¢": " cents ", "\u200b": " "})
@@ -108,13 +106,21 @@ def _chunk_tokens(chunk: str, before_number: bool) -> tuple[str, ...]:
     return tuple(token for token in (piece.lower() for piece in pieces) if token not in PUNCTUATION)
 
 
+@lru_cache(maxsize=1)
+def _treebank():
+    """nltk's Treebank tokenizer, imported at the first caption tokenized: importing nltk takes 0.7 s (scipy.stats
+    with it), which commands that never tokenize (caption, serve, export, config) do not pay."""
+    from nltk.tokenize import TreebankWordTokenizer
+    return TreebankWordTokenizer()
+
+
 def _piece_tokens(piece: str) -> list[str]:
     """nltk's Treebank tokens of ``piece`` (part of a chunk), with a quote that opens a word split off."""
     if not piece:
         return []
     if piece.startswith("'") and not piece.startswith("''") and not _LEADING_CLITIC.match(piece):
-        return ["'"] + _TREEBANK.tokenize(piece[1:], convert_parentheses=True)
-    return _TREEBANK.tokenize(piece, convert_parentheses=True)
+        return ["'"] + _treebank().tokenize(piece[1:], convert_parentheses=True)
+    return _treebank().tokenize(piece, convert_parentheses=True)
 
 
 def _is_abbreviation(word: str, before_number: bool) -> bool:
