@@ -471,7 +471,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--runs", nargs="+", metavar="RUN", help="train only these runs (default: all of soft, "
                       "none, hard, transformer, soft_scst; soft_scst needs soft, trained now or before)")
     demo.add_argument("--processes", type=_positive_int, default=None,
-                      help="worker processes the runs train on: soft and the run from it on all of them, data parallel, "
+                      help="worker processes the runs train on: soft on all of them, data parallel, "
                            "then the others side by side, one each (default: one per usable CPU core, at most 4; 1 with a GPU); "
                            "1: one after the other in this process")
     demo.add_argument("--resume", action="store_true", help="continue each run from its last.pt where it has one "

@@ -8,10 +8,11 @@ evaluates each on the held-out test split (beam: the configs' decode.beam), capt
 figures, compares the runs (``captioner compare``) and writes ``{out}/summary.json``.
 
 On a CPU the runs train in worker processes, one per usable core (``processes``), each with one torch thread:
-soft and the self-critical run that starts from it on all of them at once, data parallel (gloo, as under
-torchrun: the same global batch split between them), so that the soft model and its attention figures are ready
-first; then the others side by side, one process each, where no gradients need summing between processes. With a GPU (or ``processes=1``) the runs
-train one after the other in this process.
+soft on all of them at once, data parallel (gloo, as under torchrun: the same global batch split between them),
+so that the soft model and its attention figures are ready first; then the others side by side, one process each,
+where no gradients need summing between processes (the self-critical run from soft too: on all of them it would wait
+for every core to come free while one stood idle). With a GPU (or ``processes=1``) the runs train one after the
+other in this process.
 """
 
 from __future__ import annotations
@@ -166,8 +167,7 @@ def run_demo(out: Path, data_dir: Path, fast: bool = False, runs: tuple[str, ...
              seed: int | None = None, processes: int | None = None, resume: bool = False) -> dict:
     """The whole main job; returns (and writes) the summary. ``seed``: every run's ``run.seed`` instead of the
     configs' (the shapes data stay those of seed 0). ``processes``: how many worker processes train the runs
-    (default :func:`default_processes`): soft and the run that starts from it on all of them, data parallel, the
-    others side by side; 1 trains in this process. ``resume``: a run whose folder holds
+    (default :func:`default_processes`): soft on all of them, data parallel, the others side by side; 1 trains in this process. ``resume``: a run whose folder holds
     a ``last.pt`` continues from it instead of starting over."""
     started = time.perf_counter()
     unknown = sorted(set(runs) - set(DEMO_RUNS))
@@ -210,8 +210,8 @@ def run_demo(out: Path, data_dir: Path, fast: bool = False, runs: tuple[str, ...
         for name, config in configs.items():
             on_finished(name, score_run(name, train_run(name, config, resume=resume), out))
     else:
-        # The shown run and the runs that start from it on all processes, data parallel, first; then the others.
-        together = [name for name in configs if name == shown or STARTS_FROM.get(name) == shown] or list(configs)[:1]
+        # The shown run on all processes, data parallel, first; then the others side by side, each on one.
+        together = [shown] if shown in configs else list(configs)[:1]
         apart = [name for name in configs if name not in together]
         print(f"\n== training {len(configs)} run(s) on {processes} worker processes (one torch thread each): "
               f"{', '.join(repr(name) for name in together)} on all of them, data parallel"
