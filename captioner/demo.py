@@ -167,8 +167,8 @@ def run_demo(out: Path, data_dir: Path, fast: bool = False, runs: tuple[str, ...
              seed: int | None = None, processes: int | None = None, resume: bool = False) -> dict:
     """The whole main job; returns (and writes) the summary. ``seed``: every run's ``run.seed`` instead of the
     configs' (the shapes data stay those of seed 0). ``processes``: how many worker processes train the runs
-    (default :func:`default_processes`): soft on all of them, data parallel, the others side by side; 1 trains in this process. ``resume``: a run whose folder holds
-    a ``last.pt`` continues from it instead of starting over."""
+    (default :func:`default_processes`): soft on all of them, data parallel, the others side by side; 1 trains in
+    this process. ``resume``: a run whose folder holds a ``last.pt`` continues from it instead of starting over."""
     started = time.perf_counter()
     unknown = sorted(set(runs) - set(DEMO_RUNS))
     if unknown:
@@ -211,12 +211,12 @@ def run_demo(out: Path, data_dir: Path, fast: bool = False, runs: tuple[str, ...
             on_finished(name, score_run(name, train_run(name, config, resume=resume), out))
     else:
         # The shown run on all processes, data parallel, first; then the others side by side, each on one.
-        together = [shown] if shown in configs else list(configs)[:1]
-        apart = [name for name in configs if name not in together]
+        first = shown if shown in configs else next(iter(configs))
+        apart = [name for name in configs if name != first]
         print(f"\n== training {len(configs)} run(s) on {processes} worker processes (one torch thread each): "
-              f"{', '.join(repr(name) for name in together)} on all of them, data parallel"
+              f"{first!r} on all of them, data parallel"
               + (", then the others side by side, one process each ==" if apart else " =="), flush=True)
-        plan = [(name, configs[name], processes) for name in together] + [(name, configs[name], 1) for name in apart]
+        plan = [(first, configs[first], processes)] + [(name, configs[name], 1) for name in apart]
         for name, row in train_on_workers(plan, out, processes, resume=resume):
             on_finished(name, row)
     summary["runs"] = {name: summary["runs"][name] for name in DEMO_RUNS if name in summary["runs"]}
