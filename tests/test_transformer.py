@@ -126,7 +126,7 @@ def test_beam_of_one_is_greedy_and_batch_equals_single_images():
         assert_same_generation(hypothesis, beam_search(decoder, features[row : row + 1], beam_size=3, **kw)[0])
 
 
-def test_alpha_rows_sum_to_one_and_heads_average_to_alpha():
+def test_alpha_rows_sum_to_one_at_real_steps_zero_at_padding_and_heads_average_to_alpha():
     decoder = make_decoder()
     features = torch.randn(2, 6, DIM)
     captions = captions_with_lengths([3, 5], torch.Generator().manual_seed(3))
@@ -134,8 +134,10 @@ def test_alpha_rows_sum_to_one_and_heads_average_to_alpha():
         out = decoder(features, captions, heads=True)
         _, _, attention = decoder.step(torch.full((2,), START), decoder.init_state(features))
     assert out.alpha.shape == (2, 6, 6) and out.alpha_heads.shape == (2, 4, 6, 6)
-    torch.testing.assert_close(out.alpha.sum(-1), torch.ones(2, 6))
-    torch.testing.assert_close(out.alpha_heads.sum(-1), torch.ones(2, 4, 6))
+    real = (captions[:, 1:] != 0).float()          # as the decoders' TeacherForced: attention nowhere at padding
+    assert real.sum() == 3 + 1 + 5 + 1 and (real == 0).any()
+    torch.testing.assert_close(out.alpha.sum(-1), real)
+    torch.testing.assert_close(out.alpha_heads.sum(-1), real[:, None].expand(2, 4, 6))
     torch.testing.assert_close(out.alpha_heads.mean(1), out.alpha)
     torch.testing.assert_close(attention["alpha"].sum(-1), torch.ones(2))
 
@@ -154,7 +156,7 @@ def test_the_mean_attention_map_is_the_mean_of_every_layers_map():
     torch.testing.assert_close(out.alpha, torch.stack([m.alpha for m in maps]).mean(0))
     torch.testing.assert_close(out.alpha_heads, torch.stack([m.alpha_heads for m in maps]).mean(0))
     torch.testing.assert_close(out.logits, maps[0].logits)                 # what is reported changes no word
-    torch.testing.assert_close(out.alpha.sum(-1), torch.ones(2, 6))
+    torch.testing.assert_close(out.alpha.sum(-1), (captions[:, 1:] != 0).float())
 
 
 def test_memorises_four_captions_and_greedy_reproduces_them():
