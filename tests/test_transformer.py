@@ -126,6 +126,32 @@ def test_beam_of_one_is_greedy_and_batch_equals_single_images():
         assert_same_generation(hypothesis, beam_search(decoder, features[row : row + 1], beam_size=3, **kw)[0])
 
 
+def test_packed_teacher_forcing_equals_the_padded_pass_at_every_real_position():
+    """The real positions alone, packed through the position-wise parts (what training runs), give the states and
+    the cross-attention that the padded pass with its pad-key mask (what decoding without the cache runs) gives
+    there; the gradients of a loss over them agree too."""
+    decoder = make_decoder(num_layers=3, attention_map="mean")
+    features = torch.randn(3, 6, DIM)
+    captions = captions_with_lengths([2, 7, 4], torch.Generator().manual_seed(5))
+    tokens, real = captions[:, :-1], captions[:, 1:] != 0
+    memory_kv = decoder.memory_kv(decoder.prepare_regions(features))
+    packed, packed_weights = decoder.run_layers(tokens, memory_kv, real)
+    padded, padded_weights = decoder.run_layers(tokens, memory_kv)
+    assert packed.shape == (int(real.sum()), 16) and int(real.sum()) < real.numel()
+    torch.testing.assert_close(packed, padded[real], rtol=1e-5, atol=1e-5)
+    by_position = [w.transpose(1, 2) for w in (packed_weights, padded_weights)]      # (B, T, heads, L)
+    torch.testing.assert_close(by_position[0][real], by_position[1][real])
+    assert (by_position[0][~real] == 0).all()
+    gradients = []
+    for states in (packed, padded[real]):
+        decoder.zero_grad()
+        decoder.out_words(states).logsumexp(-1).sum().backward(retain_graph=True)
+        gradients.append({name: p.grad.clone() for name, p in decoder.named_parameters() if p.grad is not None})
+    assert gradients[0].keys() == gradients[1].keys()
+    for name in gradients[0]:
+        torch.testing.assert_close(gradients[0][name], gradients[1][name], rtol=1e-4, atol=1e-5, msg=name)
+
+
 def test_alpha_rows_sum_to_one_at_real_steps_zero_at_padding_and_heads_average_to_alpha():
     decoder = make_decoder()
     features = torch.randn(2, 6, DIM)

@@ -13,8 +13,8 @@ position per grid cell (or none: then only what the CNN features themselves carr
 
 Teacher forcing (``forward``) runs every position-wise part (projections, feed-forward, norms, dropout, the output
 layer) on the real positions alone, packed (:class:`Packing`), and only the attentions on the padded layout:
-padding costs no projection (a batch of captions is about 40 % padding on the shapes demo: 1.26x the training
-step's words/s there).
+padding costs no projection (a batch of the shapes demo's captions is about 40 % padding: 1.2x the demo recipe's
+training words/s).
 
 The attention map reported for each word, ``alpha`` (rows sum to 1; zero at padding), is the cross-attention of layer
 ``attention_layer`` averaged over heads (``attention_map: layer``), or averaged over every layer and head
@@ -246,24 +246,34 @@ class TransformerDecoder(nn.Module):
         """Every layer's cross-attention keys and values, each ``(B, heads, L, d_head)``."""
         return [layer.memory_kv(memory) for layer in self.layers]
 
-    def run_layers(self, tokens: torch.Tensor, memory_kv: list[tuple[torch.Tensor, torch.Tensor]]
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    def run_layers(self, tokens: torch.Tensor, memory_kv: list[tuple[torch.Tensor, torch.Tensor]],
+                   real: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Teacher-forced pass of ``tokens`` (B, T) (``<pad>`` = 0) over ``memory_kv`` from :meth:`memory_kv`.
 
         Returns the final (normalised) states ``(B, T, d_model)``, which ``out_words`` maps to logits, and the
-        per-head cross-attention ``(B, heads, T, L)`` of the reported layer (or the mean of every layer's).
+        per-head cross-attention ``(B, heads, T, L)`` of the reported layer (or the mean of every layer's). With
+        ``real`` (B, T) bool, the positions whose states are wanted (a prefix of each row), the states are theirs
+        alone, packed ``(N, d_model)`` in row-major order, every position-wise part of the layers runs on those N
+        rows only (:class:`Packing`), and the cross-attention is zero elsewhere.
         """
         steps = tokens.shape[1]
         self.check_length(steps)
-        causal = torch.ones(steps, steps, dtype=torch.bool, device=tokens.device).tril()
-        self_mask = (causal & (tokens != PAD_INDEX)[:, None, :])[:, None]   # (B, 1, T, T)
-        x = self.embed(tokens, torch.arange(steps, device=tokens.device))
+        positions = torch.arange(steps, device=tokens.device)
+        packing = self_mask = None
+        if real is None:
+            causal = torch.ones(steps, steps, dtype=torch.bool, device=tokens.device).tril()
+            self_mask = (causal & (tokens != PAD_INDEX)[:, None, :])[:, None]   # (B, 1, T, T)
+            x = self.embed(tokens, positions)
+        else:
+            packing = Packing(real)
+            x = self.embed(tokens[real], positions.expand_as(tokens)[real])      # (N, d_model)
         weights = []
         for i, (layer, layer_kv) in enumerate(zip(self.layers, memory_kv)):
-            x, _, layer_weights = layer(x, layer_kv, self_mask, need_weights=i in self.reported_layers)
+            x, _, layer_weights = layer(x, layer_kv, self_mask, need_weights=i in self.reported_layers, packing=packing)
             if layer_weights is not None:
                 weights.append(layer_weights)
-        return self.final_norm(x), reported(weights)
+        weights = reported(weights)
+        return self.final_norm(x), weights if real is None else weights * real[:, None, :, None]
 
     # -- teacher forcing ------------------------------------------------------------------------------
     def forward(self, features: torch.Tensor, captions: torch.Tensor, heads: bool = False) -> TeacherForced:
@@ -271,25 +281,14 @@ class TransformerDecoder(nn.Module):
 
         ``features`` (B, L, D); ``captions`` (B, T+1) = ``<start> w_1 .. <end> <pad>..``. Returns ``logits``
         (W, V) at the W real positions of ``captions[:, 1:]`` and ``alpha`` (B, T, L), the reported cross-attention
-        averaged over heads; with ``heads``, also its per-head maps ``alpha_heads`` (B, heads, T, L) (with
-        ``attention_map: mean``, each head's mean over the layers). ``<pad>`` keys are masked, so padding never
-        changes a real word's logits.
+        averaged over heads (zero at padding); with ``heads``, also its per-head maps ``alpha_heads`` (B, heads, T, L)
+        (with ``attention_map: mean``, each head's mean over the layers). Only the real positions are computed
+        (packed), and padding follows them, so causal attention alone keeps it from every real word's logits.
         """
         memory_kv = self.memory_kv(self.prepare_regions(features))
-        tokens = captions[:, :-1]
-        steps = tokens.shape[1]
-        self.check_length(steps)
         real = captions[:, 1:] != PAD_INDEX                 # the positions that predict a word
-        packing = Packing(real)
-        positions = torch.arange(steps, device=tokens.device).expand_as(tokens)
-        x = self.embed(tokens[real], positions[real])       # (N, d_model)
-        weights = []
-        for i, (layer, layer_kv) in enumerate(zip(self.layers, memory_kv)):
-            x, _, layer_weights = layer(x, layer_kv, need_weights=i in self.reported_layers, packing=packing)
-            if layer_weights is not None:
-                weights.append(layer_weights)
-        weights = reported(weights) * real[:, None, :, None]   # zero at padding
-        return TeacherForced(logits=self.out_words(self.final_norm(x)), alpha=weights.mean(dim=1),
+        states, weights = self.run_layers(captions[:, :-1], memory_kv, real)
+        return TeacherForced(logits=self.out_words(states), alpha=weights.mean(dim=1),
                              alpha_heads=weights if heads else None)
 
     # -- the decode-step interface --------------------------------------------------------------------
