@@ -9,6 +9,7 @@ import torch
 from captioner.decoding.search import TokenRules, beam_search, greedy, select_state
 from captioner.errors import CaptionerError
 from captioner.models.transformer_decoder import (
+    Packing,
     TransformerDecoder,
     TransformerDecoderConfig,
 )
@@ -135,7 +136,7 @@ def test_packed_teacher_forcing_equals_the_padded_pass_at_every_real_position():
     captions = captions_with_lengths([2, 7, 4], torch.Generator().manual_seed(5))
     tokens, real = captions[:, :-1], captions[:, 1:] != 0
     memory_kv = decoder.memory_kv(decoder.prepare_regions(features))
-    packed, packed_weights = decoder.run_layers(tokens, memory_kv, real)
+    packed, packed_weights = decoder.run_layers(tokens, memory_kv, Packing(real))
     padded, padded_weights = decoder.run_layers(tokens, memory_kv)
     assert packed.shape == (int(real.sum()), 16) and int(real.sum()) < real.numel()
     torch.testing.assert_close(packed, padded[real], rtol=1e-5, atol=1e-5)

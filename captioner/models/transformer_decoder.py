@@ -96,6 +96,7 @@ class Packing:
     the attentions on the padded layout."""
 
     def __init__(self, real: torch.Tensor):
+        self.real = real
         self.batch, self.steps = real.shape
         self.index = real.flatten().nonzero().squeeze(1)        # (N,)
 
@@ -247,33 +248,32 @@ class TransformerDecoder(nn.Module):
         return [layer.memory_kv(memory) for layer in self.layers]
 
     def run_layers(self, tokens: torch.Tensor, memory_kv: list[tuple[torch.Tensor, torch.Tensor]],
-                   real: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                   packing: Packing | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Teacher-forced pass of ``tokens`` (B, T) (``<pad>`` = 0) over ``memory_kv`` from :meth:`memory_kv`.
 
         Returns the final (normalised) states ``(B, T, d_model)``, which ``out_words`` maps to logits, and the
         per-head cross-attention ``(B, heads, T, L)`` of the reported layer (or the mean of every layer's). With
-        ``real`` (B, T) bool, the positions whose states are wanted (a prefix of each row), the states are theirs
-        alone, packed ``(N, d_model)`` in row-major order, every position-wise part of the layers runs on those N
-        rows only (:class:`Packing`), and the cross-attention is zero elsewhere.
+        ``packing`` (the positions whose states are wanted, a prefix of each row; made outside, so that a compiled
+        ``run_layers`` sees no data-dependent size), the states are theirs alone, packed ``(N, d_model)`` in
+        row-major order, every position-wise part of the layers runs on those N rows only, and the cross-attention
+        is zero elsewhere.
         """
         steps = tokens.shape[1]
         self.check_length(steps)
-        positions = torch.arange(steps, device=tokens.device)
-        packing = self_mask = None
-        if real is None:
+        self_mask = None
+        if packing is None:
             causal = torch.ones(steps, steps, dtype=torch.bool, device=tokens.device).tril()
             self_mask = (causal & (tokens != PAD_INDEX)[:, None, :])[:, None]   # (B, 1, T, T)
-            x = self.embed(tokens, positions)
+            x = self.embed(tokens, torch.arange(steps, device=tokens.device))
         else:
-            packing = Packing(real)
-            x = self.embed(tokens[real], positions.expand_as(tokens)[real])      # (N, d_model)
+            x = self.embed(tokens.reshape(-1)[packing.index], packing.index % steps)   # (N, d_model)
         weights = []
         for i, (layer, layer_kv) in enumerate(zip(self.layers, memory_kv)):
             x, _, layer_weights = layer(x, layer_kv, self_mask, need_weights=i in self.reported_layers, packing=packing)
             if layer_weights is not None:
                 weights.append(layer_weights)
         weights = reported(weights)
-        return self.final_norm(x), weights if real is None else weights * real[:, None, :, None]
+        return self.final_norm(x), weights if packing is None else weights * packing.real[:, None, :, None]
 
     # -- teacher forcing ------------------------------------------------------------------------------
     def forward(self, features: torch.Tensor, captions: torch.Tensor, heads: bool = False) -> TeacherForced:
@@ -286,8 +286,8 @@ class TransformerDecoder(nn.Module):
         (packed), and padding follows them, so causal attention alone keeps it from every real word's logits.
         """
         memory_kv = self.memory_kv(self.prepare_regions(features))
-        real = captions[:, 1:] != PAD_INDEX                 # the positions that predict a word
-        states, weights = self.run_layers(captions[:, :-1], memory_kv, real)
+        packing = Packing(captions[:, 1:] != PAD_INDEX)     # the positions that predict a word
+        states, weights = self.run_layers(captions[:, :-1], memory_kv, packing)
         return TeacherForced(logits=self.out_words(states), alpha=weights.mean(dim=1),
                              alpha_heads=weights if heads else None)
 
