@@ -76,7 +76,6 @@ def test_the_recipes_ship_in_the_package_and_are_found_by_name_from_any_folder(t
 
 
 def test_one_version_printed_and_recorded(capsys):
-
     from captioner import __version__
     from captioner.cli import main
     from captioner.version import __version__ as leaf
