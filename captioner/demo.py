@@ -11,8 +11,10 @@ On a CPU the runs train in worker processes, one per usable core (``processes``)
 soft on all of them at once, data parallel (gloo, as under torchrun: the same global batch split between them),
 so that the soft model and its attention figures are ready first; then the others side by side, one process each,
 where no gradients need summing between processes (the self-critical run from soft too: on all of them it would wait
-for every core to come free while one stood idle). With a GPU (or ``processes=1``) the runs train one after the
-other in this process.
+for every core to come free while one stood idle). This process scores each run as its training ends, while the
+next runs train on the cores it held, with one METEOR Java process for all of them (started as the demo starts: it
+takes 9-12 s of a core to load, and scoring a run in its worker would start one per run). With a GPU (or
+``processes=1``) the runs train one after the other in this process.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import sys
 import time
 import traceback
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from pathlib import Path
 
 import torch
@@ -40,6 +42,7 @@ from captioner.config import Config, load_config, recipes
 from captioner.data.readers import read_split
 from captioner.data.shapes import FORMAT_VERSION, generate_shapes, shapes_info
 from captioner.errors import CaptionerError
+from captioner.evaluation.caption_metrics import meteor_kept
 from captioner.evaluation.evaluate import evaluate_checkpoint
 from captioner.feature_extraction import cache_features
 from captioner.models.captioner import DECODERS
@@ -180,55 +183,61 @@ def run_demo(out: Path, data_dir: Path, fast: bool = False, runs: tuple[str, ...
             raise CaptionerError(f"{start}: demo run '{name}' starts from run '{base}', which is "
                                  f"neither among --runs nor trained before")
     out.mkdir(parents=True, exist_ok=True)
-    data_info = ensure_shapes(data_dir, num_images=FAST_DEMO_IMAGES if fast else DEMO_IMAGES)
-    reset_stale_features(out / "features", data_info)
-    common = (shapes_overrides(data_dir, out / "features") + (FAST_OVERRIDES if fast else [])
-              + ([] if seed is None else [f"run.seed={seed}"]))
-    configs = {name: load_config(recipes()[f"demo_{name}"], common + [f"run.out={out / name}"] + (
-        [f"train.init_from={out / STARTS_FROM[name] / 'best.pt'}"] if name in STARTS_FROM else [])) for name in runs}
-    # Every run reads the features of the first run's encoder (the runs that fine-tune another keep its encoder).
-    feature_seconds = cache_demo_features(load_config(recipes()[f"demo_{DEMO_RUNS[0]}"], common))
-    print(f"features cached in {feature_seconds:.1f} s")
-    summary: dict = {"runs": earlier_runs(out, keep=set(DEMO_RUNS) - set(runs)), "figures": [],
-                     "feature_seconds": round(feature_seconds, 1)}
-    # The figures show the first run of DEMO_RUNS (soft, unless an earlier demo in out trained it), drawn as soon
-    # as its model is ready, while the other runs train.
-    shown = next(name for name in DEMO_RUNS if name in runs or name in summary["runs"])
+    # one METEOR Java process scores every run here: it starts now and loads its tables while the data are made
+    with meteor_kept():
+        data_info = ensure_shapes(data_dir, num_images=FAST_DEMO_IMAGES if fast else DEMO_IMAGES)
+        reset_stale_features(out / "features", data_info)
+        common = (shapes_overrides(data_dir, out / "features") + (FAST_OVERRIDES if fast else [])
+                  + ([] if seed is None else [f"run.seed={seed}"]))
+        configs = {name: load_config(recipes()[f"demo_{name}"], common + [f"run.out={out / name}"] + (
+            [f"train.init_from={out / STARTS_FROM[name] / 'best.pt'}"] if name in STARTS_FROM else [])) for name in runs}
+        # Every run reads the features of the first run's encoder (the runs that fine-tune another keep its encoder).
+        feature_seconds = cache_demo_features(load_config(recipes()[f"demo_{DEMO_RUNS[0]}"], common))
+        print(f"features cached in {feature_seconds:.1f} s")
+        summary: dict = {"runs": earlier_runs(out, keep=set(DEMO_RUNS) - set(runs)), "figures": [],
+                         "feature_seconds": round(feature_seconds, 1)}
+        # The figures show the first run of DEMO_RUNS (soft, unless an earlier demo in out trained it), drawn as soon
+        # as its model is ready, while the other runs train.
+        shown = next(name for name in DEMO_RUNS if name in runs or name in summary["runs"])
 
-    def on_finished(name: str, row: dict) -> None:
-        summary["runs"][name] = finished(name, row, started)
-        if name == shown:
-            summary["figures"] = figures_of(shown, Path(row["checkpoint"]), out, started,
-                                            [n for n in configs if n not in summary["runs"]])
-            summary["figures_after_seconds"] = round(time.perf_counter() - started, 1)
+        def on_finished(name: str, row: dict) -> None:
+            summary["runs"][name] = finished(name, row, started)
+            if name == shown:
+                summary["figures"] = figures_of(shown, Path(row["checkpoint"]), out, started,
+                                                [n for n in configs if n not in summary["runs"]])
+                summary["figures_after_seconds"] = round(time.perf_counter() - started, 1)
 
-    if shown not in runs:                        # kept from an earlier demo: its figures drawn now
-        summary["figures"] = figures_of(shown, Path(summary["runs"][shown]["checkpoint"]), out, started, list(configs))
-    processes = processes or default_processes(configs)
-    if processes == 1:
-        print(f"\n== training {len(configs)} run(s) one after the other in this process ==", flush=True)
-        for name, config in configs.items():
-            on_finished(name, score_run(name, train_run(name, config, resume=resume), out))
-    else:
-        # The shown run on all processes, data parallel, first; then the others side by side, each on one.
-        first = shown if shown in configs else next(iter(configs))
-        apart = [name for name in configs if name != first]
-        print(f"\n== training {len(configs)} run(s) on {processes} worker processes (one torch thread each): "
-              f"{first!r} on all of them, data parallel"
-              + (", then the others side by side, one process each ==" if apart else " =="), flush=True)
-        plan = [(first, configs[first], processes)] + [(name, configs[name], 1) for name in apart]
-        for name, row in train_on_workers(plan, out, processes, resume=resume):
-            on_finished(name, row)
-    summary["runs"] = {name: summary["runs"][name] for name in DEMO_RUNS if name in summary["runs"]}
-    print("\n== comparison report ==")
-    report = write_report([out / name for name in summary["runs"]], out / "report", stats_images=100,
-                          images=FAST_REPORT_IMAGES if fast else REPORT_IMAGES)
-    summary["report"] = report["html"]
-    summary["total_seconds"] = round(time.perf_counter() - started, 1)
-    write_file(out / "summary.json", json.dumps(summary, indent=2))
-    print_summary(summary)
-    print(f"\nwrote {out / 'summary.json'}")
-    return summary
+        if shown not in runs:                        # kept from an earlier demo: its figures drawn now
+            summary["figures"] = figures_of(shown, Path(summary["runs"][shown]["checkpoint"]), out, started, list(configs))
+        processes = processes or default_processes(configs)
+        if processes == 1:
+            print(f"\n== training {len(configs)} run(s) one after the other in this process ==", flush=True)
+            for name, config in configs.items():
+                on_finished(name, score_run(name, train_run(name, config, resume=resume), out))
+        else:
+            # The shown run on all processes, data parallel, first; then the others side by side, each on one.
+            first = shown if shown in configs else next(iter(configs))
+            apart = [name for name in configs if name != first]
+            print(f"\n== training {len(configs)} run(s) on {processes} worker processes (one torch thread each): "
+                  f"{first!r} on all of them, data parallel"
+                  + (", then the others side by side, one process each ==" if apart else " =="), flush=True)
+            plan = [(first, configs[first], processes)] + [(name, configs[name], 1) for name in apart]
+            threads = torch.get_num_threads()
+            with closing(train_on_workers(plan, out, processes, resume=resume)) as trained:
+                for name, result, idle in trained:      # scored here while the next runs train on the workers
+                    torch.set_num_threads(max(1, idle))
+                    on_finished(name, score_run(name, result, out))
+            torch.set_num_threads(threads)
+        summary["runs"] = {name: summary["runs"][name] for name in DEMO_RUNS if name in summary["runs"]}
+        print("\n== comparison report ==")
+        report = write_report([out / name for name in summary["runs"]], out / "report", stats_images=100,
+                              images=FAST_REPORT_IMAGES if fast else REPORT_IMAGES)
+        summary["report"] = report["html"]
+        summary["total_seconds"] = round(time.perf_counter() - started, 1)
+        write_file(out / "summary.json", json.dumps(summary, indent=2))
+        print_summary(summary)
+        print(f"\nwrote {out / 'summary.json'}")
+        return summary
 
 
 def earlier_runs(out: Path, keep: set[str]) -> dict:
@@ -289,13 +298,14 @@ def finished(name: str, row: dict, started: float) -> dict:
 
 
 def train_on_workers(plan: list[tuple[str, Config, int]], out: Path, slots: int,
-                     resume: bool = False) -> Iterator[tuple[str, dict]]:
-    """Train and score each run of ``plan`` (name, config, processes) on worker processes, ``slots`` of them at
-    a time, each with :func:`threads_per_process` torch threads: a run on several processes trains data parallel
-    over gloo on this machine (the ranks torchrun would start: each a share of the global batch, every step's
-    gradients summed); rank 0 then scores it with the cores its run held. Runs start in ``plan``'s order as slots
-    come free, a run that starts from another (``STARTS_FROM``) once that one is done. Yields ``(name, row)`` as
-    each run finishes.
+                     resume: bool = False) -> Iterator[tuple[str, dict, int]]:
+    """Train each run of ``plan`` (name, config, processes) on worker processes, ``slots`` of them at a time, each
+    with :func:`threads_per_process` torch threads: a run on several processes trains data parallel over gloo on
+    this machine (the ranks torchrun would start: each a share of the global batch, every step's gradients summed).
+    Runs start in ``plan``'s order as slots come free, a run that starts from another (``STARTS_FROM``) once that
+    one is trained. Yields ``(name, result, idle)`` as each run's training ends: :func:`train_run`'s result and the
+    slots idle at that moment, the runs that could start having started (the caller scores the run meanwhile, so
+    that its cores train the next).
 
     The workers live in a process group of their own: Ctrl-C (or SIGTERM) reaches this process alone, which then
     sends SIGTERM to the workers, so that each run in training saves a resumable ``last.pt`` and stops; a worker
@@ -307,10 +317,11 @@ def train_on_workers(plan: list[tuple[str, Config, int]], out: Path, slots: int,
     waiting = list(plan)
     running: dict = {}              # the receiving end of a worker's pipe -> (run name, its process)
     pending: dict[str, int] = {}    # run -> ranks still running
-    rows: dict[str, dict] = {}
+    results: dict[str, dict] = {}   # run -> its rank 0's result
+    trained: list[str] = []         # runs whose ranks are all done, not yet yielded
     with sigterm_as_keyboard_interrupt():
         try:
-            while waiting or running:
+            while waiting or running or trained:
                 while True:             # start every run that can start now, in the plan's order
                     unfinished = {name for name, *_ in waiting} | set(pending)
                     startable = [index for index, (name, _, size) in enumerate(waiting)
@@ -322,11 +333,15 @@ def train_on_workers(plan: list[tuple[str, Config, int]], out: Path, slots: int,
                     for rank in range(size):
                         receiver, sender = context.Pipe(duplex=False)
                         process = context.Process(target=train_in_worker, name=f"demo-{name}-{rank}", args=(
-                            name, config, out, resume, rank, size, port, threads, sender))
+                            name, config, resume, rank, size, port, threads, sender))
                         process.start()
                         sender.close()
                         running[receiver] = (name, process)
                     pending[name] = size
+                if trained:
+                    name = trained.pop(0)
+                    yield name, results.pop(name), slots - len(running)
+                    continue
                 for receiver in multiprocessing.connection.wait(list(running)):
                     name, process = running.pop(receiver)
                     try:
@@ -334,19 +349,19 @@ def train_on_workers(plan: list[tuple[str, Config, int]], out: Path, slots: int,
                     except EOFError:                # it died without a word
                         outcome = ("ended", None)
                     process.join()
-                    if outcome[0] == "row":
-                        rows[name] = outcome[1]
-                    elif outcome[0] == "error":
+                    if outcome[0] == "error":
                         raise outcome[1]
-                    elif outcome[0] == "interrupted":
+                    if outcome[0] == "interrupted":
                         raise KeyboardInterrupt
-                    elif outcome[0] != "trained":
+                    if outcome[0] != "trained":
                         raise CaptionerError(f"{out / name}: worker process {process.name} of demo run '{name}' ended "
                                              f"abruptly (exit code {process.exitcode}: killed, or out of memory?)")
+                    if outcome[1] is not None:
+                        results[name] = outcome[1]
                     pending[name] -= 1
                     if not pending[name]:
                         del pending[name]
-                        yield name, rows.pop(name)
+                        trained.append(name)
         except BaseException:
             stop_workers([process for _, process in running.values()])
             raise
@@ -373,14 +388,14 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def train_in_worker(name: str, config: Config, out: Path, resume: bool, rank: int, size: int, port: int, threads: int,
+def train_in_worker(name: str, config: Config, resume: bool, rank: int, size: int, port: int, threads: int,
                     sender) -> None:
     """A worker process of :func:`train_on_workers`: rank ``rank`` of ``size`` (torchrun's environment variables
     set for it when ``size`` > 1), with ``threads`` torch threads, no progress bars and each printed line prefixed
-    by ``[name]``. Rank 0 sends ``("row", row)`` after scoring the run with the cores of all its ranks, the others
+    by ``[name]``. Rank 0 sends ``("trained", result)`` with :func:`train_run`'s result, the others
     ``("trained", None)``; any of them ``("error", error)`` or ``("interrupted", None)``.
 
-    SIGTERM stops it: in training, after saving a resumable ``last.pt``; in evaluation, at once."""
+    SIGTERM stops it after saving a resumable ``last.pt``."""
     if hasattr(os, "setpgrp"):
         os.setpgrp()                # out of the terminal's process group: Ctrl-C goes to the demo process only
     signal.signal(signal.SIGTERM, raise_keyboard_interrupt)
@@ -394,11 +409,7 @@ def train_in_worker(name: str, config: Config, out: Path, resume: bool, rank: in
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr)
     try:
         result = train_run(name, config, progress=False, resume=resume, quiet=rank > 0)
-        if rank == 0:
-            torch.set_num_threads(threads * size)     # the other ranks are done
-            sender.send(("row", score_run(name, result, out)))
-        else:
-            sender.send(("trained", None))
+        sender.send(("trained", result if rank == 0 else None))
     except KeyboardInterrupt:
         sender.send(("interrupted", None))
     except Exception as err:                # handed to the demo process, which raises it

@@ -171,6 +171,28 @@ def test_meteor_is_kept_between_scores_replaced_when_it_fails_and_closed_when_id
     assert kept.process is None and not STARTED[-1].closed
 
 
+def test_a_held_meteor_starts_at_once_and_stays_open_until_the_scope_closes(monkeypatch):
+    STARTED.clear()
+    monkeypatch.setattr(caption_metrics, "_MeteorProcess", FakeMeteor)
+    monkeypatch.setattr(caption_metrics, "METEOR_KEEP_ALIVE_S", 0.1)
+    kept, gts, res = caption_metrics._KeptMeteor(), {1: ["a dog"]}, {1: ["a dog"]}
+    with kept.held(None):                                         # no Java: nothing to start
+        assert kept.process is None
+    with kept.held("java"):
+        assert STARTED and kept.process is STARTED[0]             # started before the first score
+        assert kept.score(gts, res, "java") == 0.5
+        time.sleep(0.4)                                           # four idle times: no timer closes it meanwhile
+        assert kept.process is STARTED[0] and not STARTED[0].closed
+        with kept.held("java"):                                   # a scope within: the same process
+            assert kept.score(gts, res, "java") == 0.5
+        time.sleep(0.4)
+        assert kept.process is STARTED[0] and len(STARTED) == 1
+    deadline = time.monotonic() + 10
+    while kept.process is not None and time.monotonic() < deadline:          # closed 0.1 s after the scope
+        time.sleep(0.05)
+    assert kept.process is None and STARTED[0].closed
+
+
 def test_ptb_tokenizer_keeps_one_line_per_text():
     texts = ["A Dog, running!", "", "line one\nline two", "The man's hat (red)."]
     assert ptb_tokenize(texts) == ["a dog running", "", "line one line two", "the man 's hat -lrb- red -rrb-"]

@@ -6,6 +6,7 @@ import io
 import json
 import multiprocessing
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -19,11 +20,22 @@ from captioner.data.shapes import generate_shapes
 from captioner.demo import DEMO_RUNS, FAST_OVERRIDES, LinePrefixer, default_processes, ensure_shapes, \
     reset_stale_features, shapes_overrides, train_on_workers, train_run
 from captioner.errors import CaptionerError
+from captioner.evaluation import caption_metrics
 
 
-def test_demo_fast_writes_the_summary_figures_and_report(tmp_path, capfd):
+def test_demo_fast_writes_the_summary_figures_and_report(tmp_path, capfd, monkeypatch):
     out, data = tmp_path / "demo", tmp_path / "shapes"
+    meteor_starts = []
+
+    class CountedMeteor(caption_metrics._MeteorProcess):
+        def __init__(self, java):
+            meteor_starts.append(java)
+            super().__init__(java)
+
+    monkeypatch.setattr(caption_metrics, "_MeteorProcess", CountedMeteor)
+    caption_metrics._KEPT_METEOR.close()            # not one that an earlier test on this worker left
     assert main(["demo", "--fast", "--out", str(out), "--data", str(data), "--processes", "1"]) == 0
+    assert len(meteor_starts) == (1 if shutil.which("java") else 0)    # one METEOR Java process scored all five runs
     summary = json.loads((out / "summary.json").read_text())
     assert list(summary["runs"]) == list(DEMO_RUNS)
     for name, run in summary["runs"].items():
@@ -53,14 +65,18 @@ def test_demo_fast_writes_the_summary_figures_and_report(tmp_path, capfd):
     # draws differ between ranks).
     again = tmp_path / "again"
     config = {name: load_config(recipes()["demo_none"], shapes_overrides(data, out / "features") + FAST_OVERRIDES
-                                + ["model.lstm.dropout=0", f"run.out={again / name}"]) for name in ("workers", "here")}
-    (name, row), = train_on_workers([("workers", config["workers"], 2)], again, 2)
+                                + ["model.lstm.dropout=0", f"run.out={again / name}"])
+              for name in ("workers", "here", "next")}
+    # a run is handed back as its training ends, the next already started on the slot it freed (idle: none of 2)
+    yielded = list(train_on_workers([("workers", config["workers"], 2), ("next", config["next"], 1)], again, 2))
+    assert [(name, idle) for name, _, idle in yielded] == [("workers", 1), ("next", 2)]
+    result = yielded[0][1]
     train_run("here", config["here"])
     on_workers, here = (load_checkpoint(again / name / "last.pt") for name in ("workers", "here"))
-    assert on_workers["progress"]["step"] == here["progress"]["step"] and row["epochs"] == 1
+    assert on_workers["progress"]["step"] == here["progress"]["step"] and result["epochs"] == 1
     for name, weights in here["model"].items():
         torch.testing.assert_close(on_workers["model"][name], weights, rtol=1e-4, atol=1e-5, msg=name)
-    assert (again / "workers" / "scores_test.json").is_file()      # rank 0 scored it
+    assert not (again / "workers" / "scores_test.json").exists()    # the caller scores it
     # --resume continues a run from its last.pt: a finished one trains no further and keeps its scores (here on
     # two worker processes, after one trained it: the first run on both, data parallel, then the others side by side).
     kept = [out / name / file for name in ("none", "hard") for file in ("last.pt", "scores_test.json")]

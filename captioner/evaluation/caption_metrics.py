@@ -9,11 +9,12 @@ shipped inside the ``pycocoevalcap`` wheel, so nothing is downloaded:
   punctuation list as ``pycocoevalcap.tokenizer.ptbtokenizer.PTBTokenizer``, but fed through a pipe
   instead of a temporary file written next to the jar (which fails when site-packages is read-only);
 * METEOR 1.5 (``meteor/meteor-1.5.jar`` with its English paraphrase table), through
-  ``pycocoevalcap``'s own client. Its Java process takes ~5 s to start (the paraphrase table; ~1 GB resident)
-  and a tenth of that to score a test split, so one process is kept between scores
-  (:class:`_KeptMeteor`): a command that scores several runs (the demo, ``evaluate`` of several checkpoints)
-  starts it once; it is closed after :data:`METEOR_KEEP_ALIVE_S` seconds without a score, at exit, and
-  after a failure.
+  ``pycocoevalcap``'s own client. Its Java process takes 9-12 s of a core to start (the paraphrase table; ~1 GB
+  resident; Intel Xeon, OpenJDK 17) and about 1 s to score a test split of 300 images, so one process is kept
+  between scores (:class:`_KeptMeteor`): a command that scores several runs (the demo, ``evaluate`` of several
+  checkpoints) starts it once, and starts it as it begins (:func:`meteor_kept`), so that it loads while the
+  captions are decoded; it is closed after :data:`METEOR_KEEP_ALIVE_S` seconds without a score or an open
+  scope, at exit, and after a failure.
 
 Without ``java`` on PATH the captions are tokenized by :func:`captioner.data.text.tokenize`, the same
 tokenizer in pure Python (it gives the Java tokens on the shapes, Flickr8k and COCO captions), so BLEU,
@@ -35,7 +36,8 @@ import shutil
 import subprocess
 import tempfile
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 
 from pycocoevalcap.bleu.bleu import Bleu
@@ -205,10 +207,11 @@ class _MeteorProcess(meteor_module.Meteor):
 
 
 class _KeptMeteor:
-    """This process's METEOR Java process, started at the first score and kept for the next while scores come
-    within :data:`METEOR_KEEP_ALIVE_S` seconds of one another; closed after that idle time (a timer thread), at
-    exit, and when a score fails. A kept process that fails is replaced by a fresh one, which tries once more;
-    a forked child never touches its parent's process (it starts its own). Scores are taken one at a time."""
+    """This process's METEOR Java process, started at the first score (or ahead of it, by :meth:`held`) and kept for
+    the next while scores come within :data:`METEOR_KEEP_ALIVE_S` seconds of one another, or while a :meth:`held`
+    scope is open; closed after that idle time (a timer thread), at exit, and when a score fails. A kept process that
+    fails is replaced by a fresh one, which tries once more; a forked child never touches its parent's process (it
+    starts its own). Scores are taken one at a time."""
 
     def __init__(self):
         self._reset()
@@ -217,17 +220,56 @@ class _KeptMeteor:
         self.lock = threading.Lock()
         self.process: _MeteorProcess | None = None
         self.timer: threading.Timer | None = None
-        self.generation = 0          # bumped by every score: a timer armed before it closes nothing
+        self.generation = 0          # bumped by every score and scope: a timer armed before it closes nothing
+        self.holds = 0               # open held() scopes: no idle timer closes the process meanwhile
+
+    def _alive(self, java: str) -> bool:
+        return self.process is not None and self.process.java == java and self.process.meteor_p.poll() is None
+
+    def _touch(self) -> None:
+        """A use now: the idle timer armed before it closes nothing."""
+        self.generation += 1
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    def _arm_timer(self) -> None:
+        if self.holds == 0:
+            self.timer = threading.Timer(METEOR_KEEP_ALIVE_S, self._close_if_idle, args=(self.generation,))
+            self.timer.daemon = True        # never keeps the interpreter from exiting
+            self.timer.start()
+
+    @contextmanager
+    def held(self, java: str | None) -> Iterator[None]:
+        """Keep the process open for the scores inside the scope, however far apart (no idle timer meanwhile;
+        armed again as the scope closes), and start it now, unless one is kept, without waiting for it: the Java
+        process loads its paraphrase table (seconds) while this one decodes the captions it is to score. ``java``:
+        the ``java`` executable the scores will use (None: no Java, nothing is started)."""
+        with self.lock:
+            self._touch()
+            if java and not self._alive(java):
+                self.close()
+                try:
+                    self.process = _MeteorProcess(java)
+                except OSError:         # not startable: the first score tries again and says why
+                    self.process = None
+            self.holds += 1
+        try:
+            yield
+        finally:
+            with self.lock:
+                self.holds -= 1
+                self._touch()
+                if self.process is not None:
+                    self._arm_timer()
 
     def score(self, gts: dict[int, list[str]], res: dict[int, list[str]], java: str) -> float:
         """Corpus METEOR 1.5 of tokenized ``res`` against ``gts``."""
         # "|||" separates fields in METEOR's line protocol; pycocoevalcap only removes it from hypotheses.
         gts = {image_id: [text.replace("|||", " ") for text in texts] for image_id, texts in gts.items()}
         with self.lock:
-            self.generation += 1
-            if self.timer is not None:
-                self.timer.cancel()
-            kept = self.process is not None and self.process.java == java and self.process.meteor_p.poll() is None
+            self._touch()
+            kept = self._alive(java)
             if not kept:
                 self.close()
             for attempt in ("kept", "fresh") if kept else ("fresh",):
@@ -241,14 +283,12 @@ class _KeptMeteor:
                     self.close()
             else:
                 raise CaptionerError(detail) from None
-            self.timer = threading.Timer(METEOR_KEEP_ALIVE_S, self._close_if_idle, args=(self.generation,))
-            self.timer.daemon = True        # never keeps the interpreter from exiting
-            self.timer.start()
+            self._arm_timer()
             return float(score)
 
     def _close_if_idle(self, generation: int) -> None:
         with self.lock:
-            if generation == self.generation:
+            if generation == self.generation and self.holds == 0:
                 self.close()
 
     def close(self) -> None:
@@ -268,6 +308,13 @@ _KEPT_METEOR = _KeptMeteor()
 atexit.register(_KEPT_METEOR.close)
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_KEPT_METEOR.forget_after_fork)
+
+
+def meteor_kept():
+    """A scope in which this process's METEOR Java process stays open between scores (see
+    :meth:`_KeptMeteor.held`): ``with meteor_kept():`` around the decoding and scoring of one or several runs starts
+    it at once (where ``java`` is on PATH), so that it loads while the captions are decoded."""
+    return _KEPT_METEOR.held(shutil.which("java"))
 
 
 def _spice_score(gts: dict[int, list[str]], res: dict[int, list[str]]) -> float | None:

@@ -14,7 +14,7 @@ from captioner.data.dataset import CaptionDataset, make_dataset
 from captioner.data.readers import read_split
 from captioner.errors import CaptionerError
 from captioner.evaluation.attention_stats import attention_statistics
-from captioner.evaluation.caption_metrics import score_captions, write_coco_results
+from captioner.evaluation.caption_metrics import meteor_kept, score_captions, write_coco_results
 from captioner.evaluation.diversity import diversity_measures
 from captioner.evaluation.generate import caption_texts, read_references
 from captioner.evaluation.grounding import (
@@ -69,10 +69,11 @@ def evaluate_checkpoint(checkpoints: str | Path | Sequence[str | Path], split: s
                                n_best=n_best, runtime=runtime)
     model, vocab, config, settings = predictor.model, predictor.vocab, predictor.config, predictor.settings
     dataset = split_dataset(config, split, vocab, model)
-    generations = predictor.generate(dataset, progress=progress)
-    texts = caption_texts(generations, vocab)
-    unreadable = readable_or_refuse(dataset, generations, split)
-    scores = score_captions({r.image_id: r.captions for r in dataset.records}, texts, spice=spice)
+    with meteor_kept():         # METEOR's Java process loads while the captions are decoded
+        generations = predictor.generate(dataset, progress=progress)
+        texts = caption_texts(generations, vocab)
+        unreadable = readable_or_refuse(dataset, generations, split)
+        scores = score_captions({r.image_id: r.captions for r in dataset.records}, texts, spice=spice)
     paths = [checkpoints] if isinstance(checkpoints, (str, Path)) else list(checkpoints)
     scores.update(images=len(texts), unreadable_images=unreadable, beam=settings.beam, decode=asdict(settings),
                   checkpoint_sha256=[checkpoint_digest(path) for path in paths], overrides=list(overrides),
