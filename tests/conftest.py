@@ -163,6 +163,23 @@ def memorise(decoder, features, captions, lr: float, steps: int = 150) -> float:
     return loss.item()
 
 
+def count_meteor_starts(patch: pytest.MonkeyPatch) -> list[str]:
+    """Through ``patch``, make every METEOR Java process started from now on append its ``java`` to the returned
+    list; closes the one an earlier test on this worker may have left kept."""
+    from captioner.evaluation import caption_metrics
+
+    started: list[str] = []
+
+    class CountedMeteor(caption_metrics._MeteorProcess):
+        def __init__(self, java):
+            started.append(java)
+            super().__init__(java)
+
+    patch.setattr(caption_metrics, "_MeteorProcess", CountedMeteor)
+    caption_metrics._KEPT_METEOR.close()
+    return started
+
+
 @pytest.fixture(scope="session")
 def served_checkpoints(tiny_coco, tmp_path_factory):
     """Checkpoints for the server tests, by run name: ``soft`` (2x2 grid), ``hard`` (hard attention), both

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import count_meteor_starts
 
 from captioner.errors import CaptionerError
 from captioner.evaluation import caption_metrics
@@ -66,15 +67,7 @@ def scores(tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(caption_metrics, "_SPICE_DIR", no_corenlp)
         references_with_tags = {i: [f"<start> {c} <end>" for c in captions] for i, captions in REFERENCES.items()}
-        started = []
-
-        class Counted(caption_metrics._MeteorProcess):
-            def __init__(self, java):
-                started.append(java)
-                super().__init__(java)
-
-        patch.setattr(caption_metrics, "_MeteorProcess", Counted)
-        caption_metrics._KEPT_METEOR.close()            # not one that an earlier test on this worker left
+        started = count_meteor_starts(patch)
         result = {
             "right": score_captions(REFERENCES, RIGHT),
             "wrong": score_captions(REFERENCES, WRONG),

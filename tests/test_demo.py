@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from conftest import count_meteor_starts
 
 from captioner.checkpoint import load_checkpoint
 from captioner.cli import main
@@ -20,20 +21,11 @@ from captioner.data.shapes import generate_shapes
 from captioner.demo import DEMO_RUNS, FAST_OVERRIDES, LinePrefixer, default_processes, ensure_shapes, \
     reset_stale_features, shapes_overrides, train_on_workers, train_run
 from captioner.errors import CaptionerError
-from captioner.evaluation import caption_metrics
 
 
 def test_demo_fast_writes_the_summary_figures_and_report(tmp_path, capfd, monkeypatch):
     out, data = tmp_path / "demo", tmp_path / "shapes"
-    meteor_starts = []
-
-    class CountedMeteor(caption_metrics._MeteorProcess):
-        def __init__(self, java):
-            meteor_starts.append(java)
-            super().__init__(java)
-
-    monkeypatch.setattr(caption_metrics, "_MeteorProcess", CountedMeteor)
-    caption_metrics._KEPT_METEOR.close()            # not one that an earlier test on this worker left
+    meteor_starts = count_meteor_starts(monkeypatch)
     assert main(["demo", "--fast", "--out", str(out), "--data", str(data), "--processes", "1"]) == 0
     assert len(meteor_starts) == (1 if shutil.which("java") else 0)    # one METEOR Java process scored all five runs
     summary = json.loads((out / "summary.json").read_text())
