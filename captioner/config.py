@@ -75,6 +75,9 @@ class LossConfig:
     hard_reward: str = setting(
         "sequence", "hard attention: sequence: log p(y | s, a) (the paper) | per_word: divided by caption length",
         choices=("sequence", "per_word"))
+    hard_baseline: str = setting(
+        "moving", "hard attention: moving: a moving average of the reward (the paper) | caption: the mean reward of "
+        "the caption's other location samples (model.lstm.location_samples >= 2)", choices=("moving", "caption"))
 
     def check(self) -> None:
         check_settings(self, "loss")
@@ -219,6 +222,11 @@ class Config:
         """Hold the settings that depend on one another (each section's ``check``); returns the config."""
         for name in ORDER:
             getattr(self, name).check()
+        lstm = self.model.lstm
+        if (self.model.decoder == "lstm" and lstm.attention_mode == "hard" and self.loss.hard_baseline == "caption"
+                and lstm.location_samples < 2):
+            raise CaptionerError("loss.hard_baseline=caption compares a caption's location samples with one "
+                                 "another: set model.lstm.location_samples to 2 or more")
         return self
 
 

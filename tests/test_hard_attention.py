@@ -198,3 +198,50 @@ def test_argmax_decoding_gives_one_hot_per_word_and_beam_one_equals_greedy():
         assert chosen.sum(-1).eq(1).all() and chosen.max(-1).values.eq(1).all()
         torch.testing.assert_close(chosen.argmax(-1), g.attention["alpha"].argmax(-1))
         assert g.tokens == b.tokens
+
+
+def test_expectation_decoding_is_the_soft_context_of_the_same_weights():
+    """hard_decode=expectation decodes with alpha's mean of the regions (the expectation rows' context): the
+    same words, log-probabilities and alpha as the soft decoder with the same weights, and no chosen cell."""
+    hard = make_hard(hard_decode="expectation").eval()
+    soft = make_hard(attention_mode="soft").eval()
+    soft.load_state_dict(hard.state_dict())
+    features = torch.randn(4, 6, 6)
+    for ours, theirs in zip(beam_search(hard, features, beam_size=3, max_length=6, rules=RULES),
+                            beam_search(soft, features, beam_size=3, max_length=6, rules=RULES)):
+        assert ours.tokens == theirs.tokens and "chosen" not in ours.attention
+        torch.testing.assert_close(ours.log_prob, theirs.log_prob)
+        torch.testing.assert_close(ours.attention["alpha"], theirs.attention["alpha"])
+    # training still samples: the location terms REINFORCE needs are there
+    out = hard.train()(features, CAPTIONS[:, :4].repeat(2, 1)[:4])
+    assert out.log_prob_location is not None
+
+
+def test_caption_baseline_is_the_mean_reward_of_the_captions_other_samples():
+    """loss.hard_baseline=caption: each sample's advantage is its reward minus the mean of the same caption's other
+    M - 1 samples, so a caption whose samples all score alike teaches the attention nothing."""
+    decoder = make_hard(expectation_probability=0.0, location_samples=3).train()
+    torch.manual_seed(2)
+    out = decoder(torch.randn(3, 6, 6), CAPTIONS)
+    targets = CAPTIONS[:, 1:].repeat_interleave(3, 0)
+    mask = targets != 0
+    loss = hard_loss(hard_baseline="caption", hard_reward="per_word")(out, CAPTIONS[:, 1:])
+    log_probs = torch.log_softmax(out.padded_logits(mask), -1).gather(2, targets.unsqueeze(2)).squeeze(2)
+    reward = ((log_probs * mask).sum(1) / mask.sum(1)).detach().view(3, 3)
+    others = (reward.sum(1, keepdim=True) - reward) / 2
+    manual = -((reward - others).reshape(-1) * (out.log_prob_location * mask).sum(1)).sum() / mask.sum()
+    torch.testing.assert_close(loss["reinforce"], manual)
+    same = torch.full((6,), -2.0)
+    assert HardAttentionLoss.caption_baseline(same, 3).eq(-2.0).all()
+    # a caption's samples all use alpha or all sample, so a caption is compared with itself only
+    rows = make_hard(expectation_probability=0.5, location_samples=4).train()(
+        torch.randn(50, 6, 6), torch.tensor([[START, 5, END]]).expand(50, -1)).expectation_rows.view(50, 4)
+    assert (rows.all(1) | ~rows.any(1)).all() and rows.any() and not rows.all()
+
+
+def test_caption_baseline_needs_several_location_samples():
+    with pytest.raises(CaptionerError, match="location_samples to 2 or more"):
+        load_config(None, ["model.lstm.attention_mode=hard", "loss.hard_baseline=caption"])
+    config = load_config(None, ["model.lstm.attention_mode=hard", "loss.hard_baseline=caption",
+                                "model.lstm.location_samples=2"])
+    assert config.loss.hard_baseline == "caption"

@@ -10,7 +10,9 @@ At step t, from the previous word ``y_{t-1}``, hidden state ``h_{t-1}`` and the 
 Hard attention (§4.1) replaces the expectation by a sample: ``s_t ~ Multinoulli(alpha_t)`` and
 ``z_t = beta_t * a_{s_t}``; during training, with probability ``expectation_probability`` per caption
 the sample is replaced by its expected value (``z_t`` as in soft attention), the paper's variance
-reduction. At inference the location is the argmax of ``alpha_t`` (or a sample, ``hard_decode``).
+reduction. At inference (``hard_decode``) the location is the argmax of ``alpha_t``, a sample, or the expected
+value itself (``expectation``: the context the expectation rows trained on, what the paper's code decodes with
+when it draws no sample).
 The training objective for hard attention is in :class:`captioner.training.losses.HardAttentionLoss`.
 
 ``h_0, c_0`` come from one-layer tanh MLPs of the mean region. Work that does not depend on the step
@@ -66,8 +68,9 @@ class LSTMDecoderConfig:
     region_position: str = setting("none", "none | sinusoidal: a grid position code appended to each region",
                                    choices=("none", "sinusoidal"))
     position_dim: int = setting(32, "size of that code (a multiple of 4)", minimum=4)
-    hard_decode: str = setting("argmax", "hard attention: argmax | sample, the location chosen at inference",
-                               choices=("argmax", "sample"))
+    hard_decode: str = setting(
+        "argmax", "hard attention at inference: argmax (one cell) | sample (a drawn cell) | expectation (alpha's "
+        "mean of the regions, as the expectation rows of training)", choices=("argmax", "sample", "expectation"))
     expectation_probability: float = setting(
         0.5, "hard training: a caption uses alpha instead of a sample (paper: 0.5)", minimum=0, maximum=1)
     location_samples: int = setting(1, "hard training: location samples drawn per caption", minimum=1)
@@ -237,13 +240,14 @@ class LSTMDecoder(nn.Module):
 
         Soft: ``z_t = beta * sum_i alpha_ti a_i``. Hard: ``z_t = beta * a_{s_t}`` with ``s_t`` sampled from
         ``alpha_t`` (training, or ``hard_decode=sample``) or its argmax; rows where ``expectation_rows`` (B,)
-        is true use ``alpha_t`` instead. The third value holds, for hard attention, ``chosen`` (B, L)
-        one-hot, ``log_prob_location`` (B,) ``log alpha_t[s_t]`` and ``entropy`` (B,) of ``alpha_t``.
+        is true use ``alpha_t`` instead, and so does every row at inference with ``hard_decode=expectation``. The
+        third value holds, where a location is chosen, ``chosen`` (B, L) one-hot, ``log_prob_location`` (B,)
+        ``log alpha_t[s_t]`` and ``entropy`` (B,) of ``alpha_t``.
         """
         alpha = self.attention(keys, h, regions.shape[1], projected_query=query)
         location_info: dict[str, torch.Tensor] = {}
         weights = alpha
-        if self.hard:
+        if self.hard and (self.training or self.config.hard_decode != "expectation"):
             if self.training or self.config.hard_decode == "sample":
                 location = torch.multinomial(alpha.detach().float(), 1).squeeze(1)
             else:
@@ -310,8 +314,10 @@ class LSTMDecoder(nn.Module):
         embedded = self.embedding(captions[:, :-1].index_select(0, order).t()[runs])       # (W, E), packed
         h, c = self.initial_hidden(regions)
         expectation_rows = running_expectation = None
-        if sampling:
-            expectation_rows = torch.rand(batch, device=captions.device) < self.config.expectation_probability
+        if sampling:   # drawn per caption: its location samples all use alpha or all sample (a leave-one-out
+            # baseline compares sampled rows of one caption with one another)
+            expectation_rows = (torch.rand(batch // repeats, device=captions.device)
+                                < self.config.expectation_probability).repeat_interleave(repeats)
             running_expectation = expectation_rows.index_select(0, order)
         # the one-product weight gradients read the steps' inputs from a record filled after this node's forward:
         # a side channel torch.compile cannot trace (it builds the backward graph first), so compiled code takes

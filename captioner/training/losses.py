@@ -124,8 +124,14 @@ class HardAttentionLoss(nn.Module):
     The reward ``r`` is the caption's log-likelihood ``log p(y|s,a)`` (``hard_reward="sequence"``, the paper)
     or that divided by the caption's length (``"per_word"``: long captions, of lower likelihood whatever the
     locations, then do not read as bad locations; the same estimator up to a positive per-caption scale).
-    In training mode the baseline is updated after use, ``b <- decay * b + (1 - decay) * mean reward`` over
-    the sampled rows; the first batch sets ``b`` before its use, so it starts at the reward's scale.
+
+    The baseline ``b`` (``hard_baseline``): ``"moving"``, the paper's moving average, updated after use in
+    training mode, ``b <- decay * b + (1 - decay) * mean reward`` over the sampled rows (the first batch sets
+    ``b`` before its use, so it starts at the reward's scale); or ``"caption"``, for M >= 2 location samples per
+    caption, the mean reward of the caption's other M - 1 samples (leave-one-out, as self-critical training
+    takes the other captions of an image): what the caption's words and length make of the reward cancels,
+    only the locations are compared, and the estimator stays unbiased (each sample's baseline is independent
+    of it).
     """
 
     def __init__(self, loss_config: LossConfig):
@@ -147,7 +153,8 @@ class HardAttentionLoss(nn.Module):
         reward = log_likelihood.detach() / (mask.sum(dim=1).clamp_min(1) if c.hard_reward == "per_word" else 1)
         if self.training and self.baseline_updates == 0 and sampled.any():
             self.baseline.copy_(reward[sampled].mean())    # the first batch sets b instead of comparing with 0
-        advantage = (reward - self.baseline) * sampled
+        advantage = (reward - self.caption_baseline(reward, out.repeats) if c.hard_baseline == "caption"
+                     else reward - self.baseline) * sampled
         location_log_prob = (out.log_prob_location.float() * mask).sum(dim=1)
         reinforce = -(advantage * location_log_prob).sum() / words
         entropy = (out.entropy.float() * mask).sum() / words
@@ -163,6 +170,16 @@ class HardAttentionLoss(nn.Module):
                 self.baseline.mul_(c.baseline_decay).add_((1 - c.baseline_decay) * reward[sampled].mean())
                 self.baseline_updates.add_(1)
         return result
+
+
+    @staticmethod
+    def caption_baseline(reward: torch.Tensor, repeats: int) -> torch.Tensor:
+        """Per row of ``reward`` (B * M,), M = ``repeats`` samples of each caption in a row: the mean reward of the
+        caption's other M - 1 samples."""
+        if repeats < 2:
+            raise ValueError("loss.hard_baseline=caption needs model.lstm.location_samples >= 2")
+        grouped = reward.view(-1, repeats)
+        return ((grouped.sum(dim=1, keepdim=True) - grouped) / (repeats - 1)).reshape(-1)
 
 
 LOSSES = {"likelihood": CaptionLoss, "hard_attention": HardAttentionLoss}

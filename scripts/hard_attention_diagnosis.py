@@ -1,0 +1,145 @@
+"""Why does hard attention fail on real photos? Two measurements on a trained checkpoint (any LSTM decoder with an
+attention score; a soft one is read as hard):
+
+* ``snr``: the REINFORCE gradient of the attention network on one fixed batch of training captions, drawn many
+  times, under each reward and baseline: its signal-to-noise ratio (the norm of the mean gradient over the root
+  mean square deviation of one draw from it: above 1, one step's estimate points where the expected gradient
+  does), its cosine with the likelihood gradient of the expectation path (``z = sum alpha a``, which needs no
+  estimator), and its size against that gradient. The rewards: ``sequence`` (the caption's log-likelihood, the
+  paper), ``per_word`` (divided by its length); the baselines: ``moving`` (the batch's mean reward, what the
+  moving average settles at), ``caption`` (leave-one-out: the mean reward of the caption's other location
+  samples, ``loss.hard_baseline=caption`` with ``model.lstm.location_samples`` > 1).
+* ``decode``: the validation captions decoded with each ``model.lstm.hard_decode`` (argmax, sample, expectation):
+  CIDEr, distinct captions, attention entropy.
+
+Each prints one JSON object per line.
+
+    python scripts/hard_attention_diagnosis.py snr runs/flickr8k_full/hard_s0/best.pt --draws 48
+    python scripts/hard_attention_diagnosis.py decode runs/flickr8k_full/hard_s0/best.pt --split val
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+
+from captioner.checkpoint import load_model
+from captioner.data.dataset import collate, make_dataset
+from captioner.data.readers import read_split
+from captioner.evaluation.evaluate import evaluate_checkpoint
+from captioner.tokens import PAD_INDEX
+from captioner.utils import seed_everything
+
+REWARDS = ("sequence", "per_word")
+
+
+def training_batch(config, vocab, model, size: int, seed: int) -> dict:
+    """``size`` (image, caption) pairs of the training split, drawn with ``seed``, collated as training sees them."""
+    dataset = make_dataset(config.data, read_split(config.data, "train"), vocab, model.encoder, pairs=True)
+    generator = torch.Generator().manual_seed(seed)
+    picks = torch.randperm(len(dataset), generator=generator)[:size].tolist()
+    return collate([dataset[i] for i in picks])
+
+
+def attention_parameters(decoder) -> list[torch.nn.Parameter]:
+    """The weights that shape alpha and nothing else: the attention module's (score, projections)."""
+    return [p for p in decoder.attention.parameters() if p.requires_grad]
+
+
+def flat_gradient(loss: torch.Tensor, parameters) -> torch.Tensor:
+    grads = torch.autograd.grad(loss, parameters, allow_unused=True)
+    return torch.cat([(torch.zeros_like(p) if g is None else g).reshape(-1) for g, p in zip(grads, parameters)])
+
+
+def draw(decoder, regions, captions, repeats: int):
+    """One teacher-forced pass with every row sampled (no expectation rows), ``repeats`` location samples per
+    caption: ``(log p(y|s,a)`` per caption (B*repeats,), ``sum_t log alpha_t[s_t]`` (B*repeats,), words per caption)."""
+    decoder.config.location_samples = repeats
+    out = decoder(regions, captions)
+    targets = captions[:, 1:].repeat_interleave(repeats, 0)
+    mask = targets != PAD_INDEX
+    word_log_probs = torch.log_softmax(out.logits.float(), -1).gather(1, targets[mask][:, None]).squeeze(1)
+    log_likelihood = torch.zeros(mask.shape).masked_scatter(mask, word_log_probs.detach()).sum(1)
+    return log_likelihood, (out.log_prob_location.float() * mask).sum(1), mask.sum(1)
+
+
+def reinforce_surrogate(log_likelihood, location_log_prob, lengths, reward: str, baseline: str, repeats: int):
+    """``-(r - b) sum_t log alpha[s_t]`` summed over rows and divided by the words, as HardAttentionLoss takes it."""
+    r = log_likelihood / (lengths.clamp_min(1) if reward == "per_word" else 1)
+    if baseline == "caption":
+        grouped = r.view(-1, repeats)
+        b = ((grouped.sum(1, keepdim=True) - grouped) / (repeats - 1)).reshape(-1)
+    else:
+        b = r.mean()
+    return -((r - b) * location_log_prob).sum() / lengths.sum()
+
+
+def snr(args) -> None:
+    model, vocab, config, _ = load_model(args.checkpoint, overrides=["model.lstm.attention_mode=hard",
+                                                                     "model.lstm.expectation_probability=0"])
+    decoder = model.decoder
+    seed_everything(args.seed)
+    batch = training_batch(config, vocab, model, args.batch, args.seed)
+    regions, captions = batch["features"].float(), batch["captions"]
+    parameters = attention_parameters(decoder)
+    decoder.train()
+    for module in decoder.modules():             # dropout off: the only randomness left is the location samples
+        if isinstance(module, torch.nn.Dropout):
+            module.eval()
+    # the likelihood gradient of the expectation path: every row soft, no estimator needed
+    decoder.config.expectation_probability, decoder.config.location_samples = 1.0, 1
+    out = decoder(regions, captions)
+    targets = captions[:, 1:]
+    soft = flat_gradient(torch.nn.functional.cross_entropy(out.logits.float(), targets[targets != PAD_INDEX]), parameters)
+    decoder.config.expectation_probability = 0.0
+    for reward in REWARDS:
+        for baseline, repeats in (("moving", 1), ("caption", args.samples)):
+            grads = []
+            for _ in range(args.draws):
+                log_likelihood, location_log_prob, lengths = draw(decoder, regions, captions, repeats)
+                grads.append(flat_gradient(reinforce_surrogate(log_likelihood, location_log_prob, lengths, reward,
+                                                               baseline, repeats), parameters))
+            grads = torch.stack(grads)
+            mean = grads.mean(0)
+            noise = (grads - mean).pow(2).sum(1).mean().sqrt()
+            print(json.dumps({"checkpoint": args.checkpoint, "reward": reward, "baseline": baseline,
+                              "location_samples": repeats, "draws": args.draws, "batch": args.batch,
+                              "snr": round((mean.norm() / noise).item(), 4),
+                              "cosine_with_expectation_gradient": round(torch.cosine_similarity(mean, soft, 0).item(), 4),
+                              "size_against_expectation_gradient": round((grads.norm(dim=1).mean() / soft.norm()).item(), 3)}),
+                  flush=True)
+
+
+def decode(args) -> None:
+    for mode in ("argmax", "sample", "expectation"):
+        scores = evaluate_checkpoint(args.checkpoint, args.split, out_dir=f"{args.out}/{mode}", progress=False,
+                                     overrides=[f"model.lstm.hard_decode={mode}", *args.overrides])
+        attention = scores.get("attention") or {}
+        print(json.dumps({"checkpoint": args.checkpoint, "hard_decode": mode, "images": scores["images"],
+                          **{k: round(scores[k], 4) for k in ("BLEU-1", "BLEU-4", "METEOR", "CIDEr")},
+                          "diversity": scores["diversity"], "mean_entropy": attention.get("mean_entropy"),
+                          "peak_ratio": attention.get("peak_ratio")}), flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    measure = commands.add_parser("snr", help="the REINFORCE gradient's signal-to-noise ratio per reward and baseline")
+    measure.add_argument("checkpoint")
+    measure.add_argument("--draws", type=int, default=48, help="gradient estimates drawn per setting")
+    measure.add_argument("--batch", type=int, default=64, help="captions in the fixed batch")
+    measure.add_argument("--samples", type=int, default=4, help="location samples per caption for the caption baseline")
+    measure.add_argument("--seed", type=int, default=0)
+    decoding = commands.add_parser("decode", help="validation scores with each hard_decode")
+    decoding.add_argument("checkpoint")
+    decoding.add_argument("--split", default="val")
+    decoding.add_argument("--out", default="runs/hard_decode")
+    decoding.add_argument("overrides", nargs="*", help="section.key=value overrides of the checkpoint's config")
+    args = parser.parse_args()
+    {"snr": snr, "decode": decode}[args.command](args)
+
+
+if __name__ == "__main__":
+    main()
