@@ -232,3 +232,21 @@ def test_rejects_bad_configs_and_too_long_inputs():
         _, state, _ = decoder.step(torch.tensor([START]), state)
     with pytest.raises(ValueError, match="max_length"):
         decoder.step(torch.tensor([START]), state)
+
+
+def test_mean_memory_ablation_reads_the_mean_of_the_regions_and_reports_no_attention():
+    """memory: mean (the no-attention ablation): the words depend on the regions only through their mean (any
+    permutation of the regions gives the same logits, unlike memory: regions), no map is reported, and the
+    cached step equals teacher forcing."""
+    ablation, attending = make_decoder(memory="mean"), make_decoder()     # learned region positions: order matters
+    features = torch.randn(3, 6, DIM)
+    shuffled = features[:, torch.tensor([5, 3, 1, 0, 2, 4])]
+    captions = captions_with_lengths([5, 3, 4], torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        out = ablation(features, captions)
+        assert out.alpha is None
+        torch.testing.assert_close(ablation(shuffled, captions).logits, out.logits)
+        assert (attending(shuffled, captions).logits - attending(features, captions).logits).abs().max() > 1e-3
+    for generation, one_by_one in zip(greedy(ablation, features, max_length=8, rules=RULES),
+                                      [greedy(ablation, features[i:i + 1], max_length=8, rules=RULES)[0] for i in range(3)]):
+        assert generation.attention == {} and generation.tokens == one_by_one.tokens

@@ -70,7 +70,8 @@ def entry_of(decoder: nn.Module) -> DecoderEntry:
 register_decoder("lstm", LSTMDecoder, LSTMDecoderConfig, compile_targets=("recurrent_step",), label="LSTM",
                  attention_kind=lambda s: "none" if s.attention == "none" else s.attention_mode)
 register_decoder("transformer", TransformerDecoder, TransformerDecoderConfig, compile_targets=("run_layers",),
-                 label="Transformer decoder", attention_kind=lambda s: "cross-attention")
+                 label="Transformer decoder",
+                 attention_kind=lambda s: "cross-attention" if s.memory == "regions" else "none (mean of regions)")
 
 
 class Captioner(nn.Module):

@@ -74,6 +74,8 @@ class TransformerDecoderConfig:
                                  "mean over heads | mean: the mean over every layer and head", choices=("layer", "mean"))
     attention_layer: int = setting(-1, "with attention_map: layer, the layer whose cross-attention is alpha")
     max_length: int = setting(64, "most word positions a caption or a decoding may use", minimum=1)
+    memory: str = setting("regions", "what the cross-attention reads: regions (the L projected regions) | mean (their "
+                          "mean alone, one token: the no-attention ablation)", choices=("regions", "mean"))
 
     def check(self) -> None:
         """Each setting's type, choices and bounds, then the settings that depend on one another (a ValueError
@@ -226,13 +228,15 @@ class TransformerDecoder(nn.Module):
     # -- pieces shared by teacher forcing and step-by-step decoding ---------------------------------
     def prepare_regions(self, features: torch.Tensor) -> torch.Tensor:
         """Encoder features ``(B, L, D)`` -> memory ``(B, L, d_model)``: normalised per region if set, projected,
-        normalised, positioned."""
+        normalised, positioned; with ``memory: mean``, their mean ``(B, 1, d_model)``, which every cross-attention
+        then returns whole (no attention)."""
         if features.shape[1] != self.region_position.shape[0]:
             raise ValueError(f"expected {self.region_position.shape[0]} regions (grid {tuple(self.config.grid)}), "
                              f"got {features.shape[1]}")
         if self.input_norm is not None:
             features = self.input_norm(features)
-        return self.dropout(self.region_norm(self.region_proj(features)) + self.region_position)
+        memory = self.dropout(self.region_norm(self.region_proj(features)) + self.region_position)
+        return memory.mean(dim=1, keepdim=True) if self.config.memory == "mean" else memory
 
     def embed(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Words ``tokens`` (B, T) at ``positions`` (B, T) or (T,) -> inputs ``(B, T, d_model)``."""
@@ -288,8 +292,15 @@ class TransformerDecoder(nn.Module):
         memory_kv = self.memory_kv(self.prepare_regions(features))
         packing = Packing(captions[:, 1:] != PAD_INDEX)     # the positions that predict a word
         states, weights = self.run_layers(captions[:, :-1], memory_kv, packing)
+        if not self.attends:
+            return TeacherForced(logits=self.out_words(states))
         return TeacherForced(logits=self.out_words(states), alpha=weights.mean(dim=1),
                              alpha_heads=weights if heads else None)
+
+    @property
+    def attends(self) -> bool:
+        """Whether the cross-attention chooses among regions (``memory: regions``) and so has maps to report."""
+        return self.config.memory == "regions"
 
     # -- the decode-step interface --------------------------------------------------------------------
     @property
@@ -321,7 +332,7 @@ class TransformerDecoder(nn.Module):
             states, weights = self.run_layers(prefix, self.memory_kv(state["memory"]))
             new_state = {**state, "tokens": prefix, "position": position + 1}
             log_probs = torch.log_softmax(self.out_words(states[:, -1]).float(), dim=-1)
-            return log_probs, new_state, {"alpha": weights[:, :, -1].mean(dim=1)}
+            return log_probs, new_state, {"alpha": weights[:, :, -1].mean(dim=1)} if self.attends else {}
         self.check_length(state["self_k0"].shape[2] + 1)
         x = self.embed(tokens[:, None], position[:, None])
         new_state = {**state, "position": position + 1}
@@ -334,4 +345,4 @@ class TransformerDecoder(nn.Module):
             if layer_weights is not None:
                 weights.append(layer_weights)
         log_probs = torch.log_softmax(self.out_words(self.final_norm(x[:, 0])).float(), dim=-1)
-        return log_probs, new_state, {"alpha": reported(weights).mean(dim=1)[:, 0]}
+        return log_probs, new_state, {"alpha": reported(weights).mean(dim=1)[:, 0]} if self.attends else {}
