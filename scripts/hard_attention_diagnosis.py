@@ -2,13 +2,14 @@
 attention score; a soft one is read as hard):
 
 * ``snr``: the REINFORCE gradient of the attention network on one fixed batch of training captions, drawn many
-  times, under each reward and baseline: its signal-to-noise ratio (the norm of the mean gradient over the root
-  mean square deviation of one draw from it: above 1, one step's estimate points where the expected gradient
-  does), its cosine with the likelihood gradient of the expectation path (``z = sum alpha a``, which needs no
+  times, under each reward and baseline: its signal-to-noise ratio (the norm of the expected gradient over the
+  root mean square deviation of one draw from it, both estimated from the draws without bias: above 1, one
+  step's estimate points where the expected gradient does), the cosine of the draws' mean with the likelihood gradient of the expectation path (``z = sum alpha a``, which needs no
   estimator), and its size against that gradient. The rewards: ``sequence`` (the caption's log-likelihood, the
   paper), ``per_word`` (divided by its length); the baselines: ``moving`` (the batch's mean reward, what the
   moving average settles at), ``caption`` (leave-one-out: the mean reward of the caption's other location
-  samples, ``loss.hard_baseline=caption`` with ``model.lstm.location_samples`` > 1).
+  samples, ``loss.hard_baseline=caption`` with ``model.lstm.location_samples`` > 1; beside it the moving baseline
+  with as many samples, which costs the same).
 * ``decode``: the validation captions decoded with each ``model.lstm.hard_decode`` (argmax, sample, expectation):
   CIDEr, distinct captions, attention entropy.
 
@@ -95,7 +96,9 @@ def snr(args) -> None:
     soft = flat_gradient(torch.nn.functional.cross_entropy(out.logits.float(), targets[targets != PAD_INDEX]), parameters)
     decoder.config.expectation_probability = 0.0
     for reward in REWARDS:
-        for baseline, repeats in (("moving", 1), ("caption", args.samples)):
+        # the moving baseline with as many samples as the caption baseline: the same cost, so what the caption
+        # baseline adds beyond averaging more draws
+        for baseline, repeats in (("moving", 1), ("moving", args.samples), ("caption", args.samples)):
             grads = []
             for _ in range(args.draws):
                 log_likelihood, location_log_prob, lengths = draw(decoder, regions, captions, repeats)
@@ -103,10 +106,12 @@ def snr(args) -> None:
                                                                baseline, repeats), parameters))
             grads = torch.stack(grads)
             mean = grads.mean(0)
-            noise = (grads - mean).pow(2).sum(1).mean().sqrt()
+            variance = (grads - mean).pow(2).sum(1).sum() / (args.draws - 1)     # trace of one draw's covariance
+            # E |mean|^2 = |expected gradient|^2 + variance / draws: the signal without the draws' own noise
+            signal = (mean.pow(2).sum() - variance / args.draws).clamp_min(0).sqrt()
             print(json.dumps({"checkpoint": args.checkpoint, "reward": reward, "baseline": baseline,
                               "location_samples": repeats, "draws": args.draws, "batch": args.batch,
-                              "snr": round((mean.norm() / noise).item(), 4),
+                              "snr": round((signal / variance.sqrt()).item(), 4),
                               "cosine_with_expectation_gradient": round(torch.cosine_similarity(mean, soft, 0).item(), 4),
                               "size_against_expectation_gradient": round((grads.norm(dim=1).mean() / soft.norm()).item(), 3)}),
                   flush=True)

@@ -1,0 +1,181 @@
+"""The paper's own benchmark: soft against hard against no attention (and the Transformer) on the full Flickr8k
+(6,000 training and 1,000 validation photos of ``../shared/data/flickr8k``, VGG-19 conv5_4 features, 14 x 14 x 512),
+beside Xu et al. (2015), Table 1.
+
+Each run trains a shipped recipe (``flickr8k_full_soft``, ``flickr8k_full_hard``, ``flickr8k_full_transformer``),
+or its no-attention ablation, with one seed; scores its best checkpoint on all 1,000 validation photos (beam and
+decoding of the recipe): BLEU-1..4, METEOR, ROUGE-L, CIDEr, the words used, distinct captions, repeated bigrams,
+attention entropy and peak; grounds its attention on ``../shared/data/coco-mini`` (80 COCO photos with their
+instance masks: pointing, mass in the mask, against a uniform map and the image centre); and writes all of it, with
+the machine and the training time, to ``benchmarks/results/flickr8k_full/RUN.json``. A study that spans several
+sessions loses nothing: the JSON is committed, the checkpoints (research-only data) never are.
+
+    python scripts/flickr8k_study.py run soft --seed 0              # flickr8k_full_soft, seed 0
+    python scripts/flickr8k_study.py run soft --seed 0 --ablation   # its ablation (model.lstm.attention=none)
+    python scripts/flickr8k_study.py run hard --seed 1 -- train.epochs=2   # overrides after --: a trial, not saved
+    python scripts/flickr8k_study.py table                           # the table of every saved run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from results import write_result  # noqa: E402  (benchmarks/results.py: the machine block and the inputs' hash)
+
+from captioner.config import load_config, recipes  # noqa: E402
+
+COCO_MINI = ROOT.parent / "shared" / "data" / "coco-mini"
+RESULTS = "flickr8k_full"
+RUNS = ROOT / "runs" / "flickr8k_full"
+KINDS = {"soft": "flickr8k_full_soft", "hard": "flickr8k_full_hard", "transformer": "flickr8k_full_transformer"}
+# the no-attention ablation of each recipe: the context is the mean of the regions at every word
+ABLATION = {"soft": ["model.lstm.attention=none", "model.lstm.attention_mode=soft"],
+            "hard": ["model.lstm.attention=none", "model.lstm.attention_mode=soft"],
+            "transformer": ["model.transformer.memory=mean"]}
+# the code a run's scores depend on, hashed beside its recipe: a change to any of them makes its JSON stale
+CODE = ["captioner/models/lstm_decoder.py", "captioner/models/transformer_decoder.py", "captioner/models/attention.py",
+        "captioner/training/losses.py", "captioner/training/engine.py", "captioner/decoding/search.py",
+        "captioner/data/text.py", "captioner/data/vocabulary.py", "scripts/flickr8k_study.py"]
+# Xu et al. (2015), Table 1, Flickr8k (their test split; METEOR as a fraction)
+PAPER = {"soft (Xu et al. 2015)": {"BLEU-1": 0.67, "BLEU-2": 0.448, "BLEU-3": 0.299, "BLEU-4": 0.195, "METEOR": 0.1893},
+         "hard (Xu et al. 2015)": {"BLEU-1": 0.67, "BLEU-2": 0.457, "BLEU-3": 0.314, "BLEU-4": 0.213, "METEOR": 0.2030}}
+METRICS = ("BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "METEOR", "ROUGE-L", "CIDEr")
+
+
+def coco_mini_overrides(features: str) -> list[str]:
+    """coco-mini as split ``test``: its official captions and instance masks, features cached beside the Flickr ones."""
+    annotations = COCO_MINI / "annotations"
+    return ["data.format=coco", f"data.captions={json.dumps({'test': str(annotations / 'captions_train2017.json')})}",
+            f"data.images={json.dumps({'test': str(COCO_MINI / 'train2017')})}",
+            f"data.instances={json.dumps({'test': str(annotations / 'instances_train2017.json')})}",
+            f"data.features={json.dumps(features)}"]
+
+
+def ensure_features(recipe: Path, features: str, overrides: list[str], splits: list[str]) -> None:
+    """Cache the recipe's encoder's features once (the CLI's cache-features)."""
+    if not (Path(features) / "meta.json").exists():
+        subprocess.run([sys.executable, "-m", "captioner", "cache-features", str(recipe), *overrides,
+                        f"data.features={features}", "--splits", *splits], check=True)
+
+
+def run_name(kind: str, seed: int, ablation: bool) -> str:
+    return f"{kind}{'_none' if ablation else ''}_s{seed}"
+
+
+def run(kind: str, seed: int, ablation: bool, extra: list[str]) -> dict:
+    """Train, score on all validation photos, ground on coco-mini; the result as saved (or, with ``extra``
+    overrides, printed only: a trial is not the recipe)."""
+    from captioner.evaluation.evaluate import evaluate_checkpoint
+    from captioner.training.engine import train
+
+    recipe = recipes()[KINDS[kind]]
+    name = run_name(kind, seed, ablation)
+    out = RUNS / (name if not extra else name + "_trial")
+    overrides = [*(ABLATION[kind] if ablation else []), f"run.seed={seed}", f"run.out={out}", *extra]
+    config = load_config(recipe, overrides)
+    ensure_features(recipe, config.data.features, [], ["train", "val"])
+    started = time.perf_counter()
+    trained = train(config, overwrite=True)
+    seconds = time.perf_counter() - started
+    checkpoint = trained["checkpoint"]
+    val = evaluate_checkpoint(checkpoint, "val", out_dir=out, progress=False)
+    coco = {}
+    if COCO_MINI.exists() and not ablation:
+        features = str(Path(config.data.features).with_name(Path(config.data.features).name + "_coco_mini"))
+        ensure_features(recipe, features, coco_mini_overrides(features), ["test"])
+        coco = evaluate_checkpoint(checkpoint, "test", out_dir=out / "coco_mini", progress=False,
+                                   overrides=coco_mini_overrides(features))
+    import torch
+    progress = torch.load(Path(checkpoint).with_name("last.pt"), weights_only=True, map_location="cpu")["progress"]
+    grounding = coco.get("grounding") or {}
+    result = {"run": name, "recipe": KINDS[kind], "kind": kind, "ablation": ablation, "seed": seed,
+              "overrides": overrides[:-1 - len(extra)] + extra if extra else overrides[:-1],
+              "epochs": trained["epochs"], "best_val_metric": {config.train.metric: round(trained["best"], 4)},
+              "precision": progress.get("amp"),
+              "train_seconds": round(seconds, 1), "validation_images": val["images"],
+              "val": {k: round(val[k], 4) for k in METRICS},
+              "diversity": {k: round(v, 4) for k, v in val["diversity"].items()},
+              "attention": {k: round((val.get("attention") or {}).get(k, float("nan")), 4)
+                            for k in ("mean_entropy", "uniform_entropy", "peak_ratio")} if val.get("attention") else None,
+              "coco_mini": {k: round(grounding[k], 4) for k in ("pointing_accuracy", "attention_inside",
+                                                                "uniform_pointing", "uniform_inside", "centre_pointing")}
+              | {"words": grounding["words"], "map": grounding["map"]} if grounding else None}
+    if extra:
+        print(json.dumps(result, indent=1))
+    else:
+        write_result(f"{RESULTS}/{name}", result, inputs=[str(recipe.relative_to(ROOT)), *CODE])
+    return result
+
+
+def saved_runs() -> list[dict]:
+    return [json.loads(path.read_text()) for path in sorted((ROOT / "benchmarks" / "results" / RESULTS).glob("*.json"))]
+
+
+def table(rows: list[dict]) -> str:
+    """One line per recipe (and ablation): the mean over its seeds, with the spread (max - min) where several."""
+    groups: dict[tuple, list[dict]] = {}
+    for row in rows:
+        groups.setdefault((row["recipe"], row["ablation"]), []).append(row)
+
+    def cell(values: list[float], digits: int = 3) -> str:
+        mean = statistics.fmean(values)
+        spread = f" ± {(max(values) - min(values)) / 2:.{digits}f}" if len(values) > 1 else ""
+        return f"{mean:.{digits}f}{spread}"
+
+    lines = ["| run | seeds | " + " | ".join(METRICS) + " | words used | distinct | repeated bigram | entropy | "
+             "peak / uniform | coco-mini pointing (uniform, centre) | train min |", "|" + "---|" * 16]
+    for (recipe, ablation), group in sorted(groups.items()):
+        def values(path: str) -> list[float]:
+            out = []
+            for row in group:
+                value = row
+                for key in path.split("/"):
+                    value = (value or {}).get(key)
+                if value is not None:
+                    out.append(value)
+            return out
+
+        pointing = values("coco_mini/pointing_accuracy")
+        lines.append(
+            f"| {recipe}{' (no attention)' if ablation else ''} | {len(group)} | "
+            + " | ".join(cell(values(f"val/{m}")) for m in METRICS)
+            + f" | {cell(values('diversity/vocabulary_used'), 0)} | {cell(values('diversity/distinct_captions'), 2)} | "
+            f"{cell(values('diversity/repeated_bigram'), 2)} | "
+            f"{cell(values('attention/mean_entropy'), 2) if values('attention/mean_entropy') else '–'} | "
+            f"{cell(values('attention/peak_ratio'), 1) if values('attention/peak_ratio') else '–'} | "
+            + (f"{cell(pointing)} ({cell(values('coco_mini/uniform_pointing'))}, {cell(values('coco_mini/centre_pointing'))})"
+               if pointing else "–")
+            + f" | {cell([v / 60 for v in values('train_seconds')], 0)} |")
+    for name, scores in PAPER.items():
+        lines.append(f"| {name} | – | " + " | ".join(f"{scores[m]:.3f}" if m in scores else "–" for m in METRICS)
+                     + " | – | – | – | – | – | – | – |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    one = commands.add_parser("run", help="train and score one run, saved to benchmarks/results/flickr8k_full/")
+    one.add_argument("kind", choices=sorted(KINDS))
+    one.add_argument("--seed", type=int, default=0)
+    one.add_argument("--ablation", action="store_true", help="the recipe's no-attention ablation")
+    one.add_argument("overrides", nargs="*", help="after --: overrides for a trial run (printed, not saved)")
+    commands.add_parser("table", help="the Markdown table of the saved runs")
+    args = parser.parse_args()
+    if args.command == "run":
+        run(args.kind, args.seed, args.ablation, args.overrides)
+    else:
+        print(table(saved_runs()))
+
+
+if __name__ == "__main__":
+    main()
