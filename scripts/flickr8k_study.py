@@ -7,7 +7,8 @@ or its no-attention ablation, with one seed; scores its best checkpoint on all 1
 decoding of the recipe): BLEU-1..4, METEOR, ROUGE-L, CIDEr, the words used, distinct captions, repeated bigrams,
 attention entropy and peak; grounds its attention on ``../shared/data/coco-mini`` (80 COCO photos with their
 instance masks: pointing, mass in the mask, against a uniform map and the image centre); and writes all of it, with
-the machine and the training time, to ``benchmarks/results/flickr8k_full/RUN.json``. A study that spans several
+the machine and the training time (wall, and CPU seconds of all its threads, which other work on the machine
+barely moves), to ``benchmarks/results/flickr8k_full/RUN.json``. A study that spans several
 sessions loses nothing: the JSON is committed, the checkpoints (research-only data) never are.
 
     python scripts/flickr8k_study.py run soft --seed 0              # flickr8k_full_soft, seed 0
@@ -83,9 +84,9 @@ def run(kind: str, seed: int, ablation: bool, extra: list[str]) -> dict:
     overrides = [*(ABLATION[kind] if ablation else []), f"run.seed={seed}", f"run.out={out}", *extra]
     config = load_config(recipe, overrides)
     ensure_features(recipe, config.data.features, [], ["train", "val"])
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     trained = train(config, overwrite=True)
-    seconds = time.perf_counter() - started
+    seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu_started
     checkpoint = trained["checkpoint"]
     val = evaluate_checkpoint(checkpoint, "val", out_dir=out, progress=False)
     coco = {}
@@ -101,7 +102,8 @@ def run(kind: str, seed: int, ablation: bool, extra: list[str]) -> dict:
               "overrides": overrides[:-1 - len(extra)] + extra if extra else overrides[:-1],
               "epochs": trained["epochs"], "best_val_metric": {config.train.metric: round(trained["best"], 4)},
               "precision": progress.get("amp"),
-              "train_seconds": round(seconds, 1), "validation_images": val["images"],
+              "train_seconds": round(seconds, 1), "train_cpu_seconds": round(cpu_seconds, 1),
+              "validation_images": val["images"],
               "val": {k: round(val[k], 4) for k in METRICS},
               "diversity": {k: round(v, 4) for k, v in val["diversity"].items()},
               "attention": {k: round((val.get("attention") or {}).get(k, float("nan")), 4)
