@@ -16,7 +16,7 @@ from captioner import config as config_module
 from captioner.config import config_reference, load_config
 from captioner.decoding.search import TokenRules, beam_search, greedy
 from captioner.errors import CaptionerError
-from captioner.evaluation.evaluate import evaluate_checkpoint
+from captioner.commands.evaluate import evaluate_checkpoint
 from captioner.models import captioner as registry
 from captioner.models.decoder import CaptionDecoder, TeacherForced
 from captioner.models.lstm_decoder import LSTMDecoder, LSTMDecoderConfig
@@ -103,9 +103,9 @@ def test_a_decoder_added_by_the_documented_steps_trains_decodes_and_is_evaluated
 
     features = model.encoder(torch.rand(3, 3, 32, 32))
     indices = {"rules": TokenRules(vocab.start_index, vocab.end_index), "max_length": 6}
-    single = beam_search(model.decoder, features, beam_size=1, **indices)
+    single = beam_search(model.decoder, features, beam=1, **indices)
     assert [g.tokens for g in single] == [g.tokens for g in greedy(model.decoder, features, **indices)]
-    for generation in beam_search(model.decoder, features, beam_size=3, **indices):
+    for generation in beam_search(model.decoder, features, beam=3, **indices):
         if generation.tokens:
             torch.testing.assert_close(generation.attention["alpha"].sum(-1), torch.ones(len(generation.tokens)))
 
@@ -122,7 +122,7 @@ LAYERS = (
     ("training, evaluation, drawing, exporting", ("captioner.training", "captioner.evaluation", "captioner.visualisation",
                                                   "captioner.feature_extraction", "captioner.export")),
     ("the predictor", ("captioner.predictor",)),
-    ("commands", ("captioner.evaluation.evaluate", "captioner.report", "captioner.demo", "captioner.serve",
+    ("commands", ("captioner.commands.evaluate", "captioner.commands.report", "captioner.commands.demo_job", "captioner.serve",
                   "captioner.cli", "captioner.__main__", "captioner")),
 )
 

@@ -16,7 +16,7 @@ from captioner import Predictor
 from captioner.checkpoint import load_checkpoint
 from captioner.cli import main
 from captioner.errors import CaptionerError
-from captioner.evaluation.evaluate import evaluate_checkpoint
+from captioner.commands.evaluate import evaluate_checkpoint
 from captioner.export import package
 from captioner.export.folder import FORMAT_VERSION
 from captioner.serve.checkpoints import load_served_models
@@ -250,7 +250,7 @@ def test_the_card_leaves_out_scores_of_another_checkpoint(evaluated_run, tmp_pat
 
 def test_every_command_takes_an_export_folder(evaluated_run, tiny_coco, tmp_path, capsys):
     checkpoint, folder, scores = evaluated_run
-    again = evaluate_checkpoint(folder, "test", progress=False, beam_size=scores["beam"])
+    again = evaluate_checkpoint(folder, "test", progress=False, beam=scores["beam"])
     assert {k: again[k] for k in ("BLEU-4", "CIDEr", "images")} == {k: scores[k] for k in ("BLEU-4", "CIDEr", "images")}
     assert (folder / "scores_test.json").exists()        # written into the export, which is its own folder
     image = next((tiny_coco / "images" / "test").glob("*.png"))

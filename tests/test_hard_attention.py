@@ -191,7 +191,7 @@ def test_argmax_decoding_gives_one_hot_per_word_and_beam_one_equals_greedy():
     decoder = make_hard().eval()
     features = torch.randn(4, 6, 6)
     generations = greedy(decoder, features, max_length=6, rules=RULES)
-    beams = beam_search(decoder, features, beam_size=1, max_length=6, rules=RULES)
+    beams = beam_search(decoder, features, beam=1, max_length=6, rules=RULES)
     for g, b in zip(generations, beams):
         chosen = g.attention["chosen"]
         assert chosen.shape == (len(g.tokens), 6)

@@ -193,7 +193,7 @@ def test_beam_one_equals_greedy(score):
     decoder = make_decoder(score).eval()
     features = torch.randn(6, 12, 16)
     g = greedy(decoder, features, max_length=12, rules=RULES)
-    b = beam_search(decoder, features, beam_size=1, max_length=12, rules=RULES)
+    b = beam_search(decoder, features, beam=1, max_length=12, rules=RULES)
     for x, y in zip(g, b):
         assert x.tokens == y.tokens
         assert x.log_prob == pytest.approx(y.log_prob, abs=1e-5)
@@ -203,9 +203,9 @@ def test_beam_one_equals_greedy(score):
 def test_batched_beam_equals_one_at_a_time():
     decoder = make_decoder().eval()
     features = torch.randn(5, 12, 16)
-    together = beam_search(decoder, features, beam_size=3, max_length=10, rules=RULES)
+    together = beam_search(decoder, features, beam=3, max_length=10, rules=RULES)
     for i in range(5):
-        (alone,) = beam_search(decoder, features[i : i + 1], beam_size=3, max_length=10, rules=RULES)
+        (alone,) = beam_search(decoder, features[i : i + 1], beam=3, max_length=10, rules=RULES)
         assert alone.tokens == together[i].tokens
         assert alone.log_prob == pytest.approx(together[i].log_prob, abs=1e-4)
         assert alone.attention["alpha"].shape == (len(alone.tokens), 12)
@@ -242,11 +242,11 @@ def test_images_leave_the_beam_search_when_done_and_get_the_answers_of_a_search_
         return paced.step(tokens, state)
 
     counted = SimpleNamespace(init_state=paced.init_state, step=step, fixed_state=paced.fixed_state)
-    together = beam_search(counted, features, beam_size=3, max_length=14, rules=RULES, n_best=3)
+    together = beam_search(counted, features, beam=3, max_length=14, rules=RULES, n_best=3)
     assert len({len(g.tokens) for g in together}) > 2            # the images finish at different steps
     assert rows[0] == 18 and rows == sorted(rows, reverse=True) and len(set(rows)) > 2   # and leave as they do
     for i, generation in enumerate(together):
-        (alone,) = beam_search(paced, features[i : i + 1], beam_size=3, max_length=14, rules=RULES, n_best=3)
+        (alone,) = beam_search(paced, features[i : i + 1], beam=3, max_length=14, rules=RULES, n_best=3)
         assert [b.tokens for b in alone.beams] == [b.tokens for b in generation.beams]
         assert [b.log_prob for b in alone.beams] == pytest.approx([b.log_prob for b in generation.beams], abs=1e-5)
         torch.testing.assert_close(alone.attention["alpha"], generation.attention["alpha"])
@@ -273,8 +273,8 @@ def test_beam_search_keeps_one_fixed_state_per_image_and_matches_one_per_hypothe
     features = torch.randn(4, 12, 16)
     watched = SimpleNamespace(init_state=decoder.init_state, step=step, fixed_state=decoder.fixed_state)
     reorders_all = SimpleNamespace(init_state=decoder.init_state, step=decoder.step)   # no fixed_state
-    kept = beam_search(watched, features, beam_size=3, max_length=10, rules=RULES)
-    reordered = beam_search(reorders_all, features, beam_size=3, max_length=10, rules=RULES)
+    kept = beam_search(watched, features, beam=3, max_length=10, rules=RULES)
+    reordered = beam_search(reorders_all, features, beam=3, max_length=10, rules=RULES)
     assert len(fixed_addresses) > 2       # never copied, except when finished images leave the search
     assert all(a == b for (rows_a, a), (rows_b, b) in zip(fixed_addresses, fixed_addresses[1:]) if rows_a == rows_b)
     for a, b in zip(kept, reordered):   # one row of regions per image, or one per hypothesis: the same search
@@ -287,7 +287,7 @@ def test_beam_finds_at_least_greedy_probability_and_attention_per_word():
     decoder = make_decoder().eval()
     features = torch.randn(8, 12, 16)
     g = greedy(decoder, features, max_length=10, rules=RULES)
-    b = beam_search(decoder, features, beam_size=4, max_length=10, rules=RULES)
+    b = beam_search(decoder, features, beam=4, max_length=10, rules=RULES)
     for x, y in zip(g, b):
         if END in x.tokens or len(x.tokens) < 10:  # greedy finished: beam's best can only be as good or better
             assert y.log_prob >= x.log_prob - 1e-5

@@ -108,7 +108,7 @@ def test_incremental_decoding_equals_forward(options, use_cache):
 def test_searches_with_and_without_cache_agree():
     decoder = make_decoder()
     features = torch.randn(3, 6, DIM)
-    for search in (partial(greedy), partial(beam_search, beam_size=3)):
+    for search in (partial(greedy), partial(beam_search, beam=3)):
         cached = search(decoder, features, max_length=8, rules=RULES)
         uncached = search(without_cache(decoder), features, max_length=8, rules=RULES)
         for a, b in zip(cached, uncached):
@@ -120,11 +120,11 @@ def test_beam_of_one_is_greedy_and_batch_equals_single_images():
     features = torch.randn(4, 6, DIM)
     kw = dict(max_length=8, rules=RULES)
     greedy_out = greedy(decoder, features, **kw)
-    for a, b in zip(greedy_out, beam_search(decoder, features, beam_size=1, **kw)):
+    for a, b in zip(greedy_out, beam_search(decoder, features, beam=1, **kw)):
         assert a.tokens == b.tokens and a.log_prob == pytest.approx(b.log_prob, abs=1e-5)
-    batched = beam_search(decoder, features, beam_size=3, **kw)
+    batched = beam_search(decoder, features, beam=3, **kw)
     for row, hypothesis in enumerate(batched):
-        assert_same_generation(hypothesis, beam_search(decoder, features[row : row + 1], beam_size=3, **kw)[0])
+        assert_same_generation(hypothesis, beam_search(decoder, features[row : row + 1], beam=3, **kw)[0])
 
 
 def test_packed_teacher_forcing_equals_the_padded_pass_at_every_real_position():

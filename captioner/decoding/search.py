@@ -284,7 +284,7 @@ def greedy(decoder, regions: torch.Tensor, *, max_length: int, rules: TokenRules
 
 
 @torch.inference_mode()
-def beam_search(decoder, regions: torch.Tensor, *, beam_size: int, max_length: int, rules: TokenRules,
+def beam_search(decoder, regions: torch.Tensor, *, beam: int, max_length: int, rules: TokenRules,
                 length_penalty: float = 0.0, groups: int = 1, diversity: float = 0.0, n_best: int = 1) -> list[Generation]:
     """Batched beam search over all images at once: ``regions`` (B, L, D) -> B generations.
 
@@ -292,7 +292,7 @@ def beam_search(decoder, regions: torch.Tensor, *, beam_size: int, max_length: i
     finished: it keeps its score and competes with the live ones until all k hypotheses of its image have
     finished, or ``max_length`` words. An image whose hypotheses have all finished leaves the batch (its answer
     is final), so that the steps left run on the other images alone. Each image's answer is its best hypothesis by
-    ``log_prob / length**length_penalty``; with ``n_best > 1`` its ``beams`` hold the n best. With ``beam_size=1``
+    ``log_prob / length**length_penalty``; with ``n_best > 1`` its ``beams`` hold the n best. With ``beam=1``
     this is greedy decoding.
 
     Diverse beam search (Vijayakumar et al. 2018): the k beams form ``groups`` groups of k / groups beams that
@@ -301,7 +301,7 @@ def beam_search(decoder, regions: torch.Tensor, *, beam_size: int, max_length: i
     step (Hamming diversity). The penalty only steers the choice: scores stay log-probabilities. One group is
     plain beam search.
     """
-    batch, k, device = regions.shape[0], beam_size, regions.device
+    batch, k, device = regions.shape[0], beam, regions.device
     size = k // groups                                             # beams per group
     state, fixed = start_state(decoder, regions, k)
     scores = torch.full((batch, k), NEG_INF, device=device)
@@ -404,6 +404,6 @@ def decode(decoder, regions: torch.Tensor, vocab, settings: DecodeConfig,
         return drawn.generations(rules.end_index)
     if settings.beam == 1:
         return greedy(decoder, regions, max_length=settings.max_length, rules=rules)
-    return beam_search(decoder, regions, beam_size=settings.beam, max_length=settings.max_length, rules=rules,
+    return beam_search(decoder, regions, beam=settings.beam, max_length=settings.max_length, rules=rules,
                        length_penalty=settings.length_penalty, groups=settings.beam_groups,
                        diversity=settings.diversity, n_best=settings.n_best)

@@ -4,10 +4,10 @@ training state and without pickle (``captioner export``).
 * :mod:`captioner.export.folder`: the folder's files (safetensors weights, ``config.json``, ``vocab.json``),
   written and read back; :func:`captioner.checkpoint.load_checkpoint` reads an export folder like a checkpoint,
   so every command and :class:`captioner.Predictor` take either;
-* :mod:`captioner.export.card`: the model card (``README.md``) generated from the run;
+* :mod:`captioner.commands.model_card`: the model card (``README.md``) generated from the run;
 * :mod:`captioner.export.onnx`: the encoder and the decoder's per-word step as ONNX graphs, and the decode-step
   interface over ONNX Runtime that the one search drives;
-* :mod:`captioner.export.package`: ``captioner export`` itself.
+* :mod:`captioner.commands.export`: ``captioner export`` itself.
 
 This file imports nothing, so that :mod:`captioner.checkpoint` can read export folders without importing the
 writers above it, and the command line can name the runtimes without importing torch.
