@@ -10,14 +10,13 @@ import signal
 import pytest
 import torch
 
-from captioner.checkpoint import load_checkpoint
+from captioner.checkpoint import build_model, load_checkpoint
 from captioner.cli import main
 from captioner.config import load_config, save_config
 from captioner.data.feature_cache import FeatureCache, build_feature_cache
 from captioner.data.images import image_transform, load_image
 from captioner.data.readers import read_split
 from captioner.errors import CaptionerError
-from captioner.models.captioner import build_model
 from captioner.training import engine
 from captioner.training.engine import train
 from captioner.training.losses import caption_loss

@@ -23,7 +23,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
-from captioner.checkpoint import load_checkpoint, model_and_loss_states, save_checkpoint
+from captioner.checkpoint import build_model, load_checkpoint, model_and_loss_states, save_checkpoint
 from captioner.config import Config, TrainConfig, complete, save_config
 from captioner.data.dataset import (
     CaptionDataset,
@@ -40,7 +40,7 @@ from captioner.errors import CaptionerError
 from captioner.evaluation.caption_metrics import score_captions
 from captioner.evaluation.generate import caption_texts, generate_captions
 from captioner.feature_extraction import cache_features
-from captioner.models.captioner import Captioner, build_model, compile_decoder
+from captioner.models.captioner import Captioner, compile_decoder
 from captioner.training.distributed import (
     World,
     all_sum,
