@@ -95,16 +95,7 @@ def download(url: str, dest: str | Path, *, progress: bool | None = None) -> Pat
                     else:
                         bar.reset(total=total)
                         bar.update(offset)
-                    with part.open("ab" if append else "wb") as out:
-                        while True:
-                            try:
-                                block = response.read(CHUNK)
-                            except (http.client.IncompleteRead, OSError) as err:
-                                raise _Cut(str(err) or type(err).__name__) from None
-                            if not block:
-                                break
-                            out.write(block)
-                            bar.update(len(block))
+                    _copy_body(response, part, append, bar)
                     size = part.stat().st_size
                     if total is not None and size != total:
                         raise _Cut(f"{size:,} of {total:,} bytes received")
@@ -123,21 +114,43 @@ def download(url: str, dest: str | Path, *, progress: bool | None = None) -> Pat
                 reason = f"connection cut ({err})"
             except (urllib.error.URLError, http.client.HTTPException, OSError) as err:
                 reason = str(getattr(err, "reason", None) or err) or type(err).__name__
-            size = part.stat().st_size if part.exists() else 0
-            if size > furthest:     # progress: resume at once, and the count of failures in a row starts again
-                furthest, failures = size, 0
-                log.warning("%s: %s, %s bytes in; resuming", url, reason, f"{size:,}")
-                continue
-            failures += 1
-            if failures >= RETRIES:
-                raise DownloadError(url, f"{reason} ({failures} attempts in a row; run again to resume from "
-                                         f"the {size:,} bytes in {part})")
-            delay = BACKOFF_S * 2 ** (failures - 1)
-            log.warning("%s: %s; retrying in %.0f s", url, reason, delay)
-            time.sleep(delay)
+            failures, furthest = _after_failure(url, part, reason, failures, furthest)
     finally:
         if bar is not None:
             bar.close()
+
+
+def _copy_body(response, part: Path, append: bool, bar) -> None:
+    """The body of ``response`` appended to ``part`` (``append``) or written over it, CHUNK bytes at a time,
+    counted on the progress ``bar``; raises :class:`_Cut` when the connection breaks off."""
+    with part.open("ab" if append else "wb") as out:
+        while True:
+            try:
+                block = response.read(CHUNK)
+            except (http.client.IncompleteRead, OSError) as err:
+                raise _Cut(str(err) or type(err).__name__) from None
+            if not block:
+                return
+            out.write(block)
+            bar.update(len(block))
+
+
+def _after_failure(url: str, part: Path, reason: str, failures: int, furthest: int) -> tuple[int, int]:
+    """``(failures in a row, furthest size of part)`` after an attempt failed for ``reason``: when ``part`` grew
+    past ``furthest`` (progress), resume at once and the count of failures in a row starts again; else wait
+    ``BACKOFF_S * 2**(failures - 1)`` s. Raises :class:`DownloadError` after ``RETRIES`` failures in a row."""
+    size = part.stat().st_size if part.exists() else 0
+    if size > furthest:
+        log.warning("%s: %s, %s bytes in; resuming", url, reason, f"{size:,}")
+        return 0, size
+    failures += 1
+    if failures >= RETRIES:
+        raise DownloadError(url, f"{reason} ({failures} attempts in a row; run again to resume from "
+                                 f"the {size:,} bytes in {part})")
+    delay = BACKOFF_S * 2 ** (failures - 1)
+    log.warning("%s: %s; retrying in %.0f s", url, reason, delay)
+    time.sleep(delay)
+    return failures, furthest
 
 
 def _expected_total(response, offset: int, url: str) -> tuple[int | None, bool]:

@@ -283,6 +283,24 @@ def greedy(decoder, regions: torch.Tensor, *, max_length: int, rules: TokenRules
         rules.end_index)
 
 
+def _freeze_finished(log_probs: torch.Tensor, finished: torch.Tensor, end_index: int) -> torch.Tensor:
+    """``log_probs`` (N, V) with each finished hypothesis's row (``finished`` (N,)) allowing only ``<end>``, at no
+    cost: a finished hypothesis carries its score along."""
+    frozen = torch.full_like(log_probs, NEG_INF)
+    frozen[:, end_index] = 0.0
+    return torch.where(finished[:, None], frozen, log_probs)
+
+
+def _extend_history(history: dict[str, torch.Tensor], attention: dict[str, torch.Tensor],
+                    origin: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The per-word maps ``history`` (N, T, L) of the hypotheses extended (rows ``origin`` (N,)), each with this
+    step's map of ``attention`` (N, L) appended: (N, T + 1, L)."""
+    for name, value in attention.items():
+        past = history[name].index_select(0, origin) if name in history else value.new_empty(origin.shape[0], 0, value.shape[1])
+        history[name] = torch.cat([past, value.index_select(0, origin).unsqueeze(1)], dim=1)
+    return history
+
+
 @torch.inference_mode()
 def beam_search(decoder, regions: torch.Tensor, *, beam: int, max_length: int, rules: TokenRules,
                 length_penalty: float = 0.0, groups: int = 1, diversity: float = 0.0, n_best: int = 1) -> list[Generation]:
@@ -317,10 +335,7 @@ def beam_search(decoder, regions: torch.Tensor, *, beam: int, max_length: int, r
     for _ in range(max_length):
         log_probs, state, attention = decoder.step(tokens, state)
         log_probs = rules.apply(log_probs, words)
-        # A finished hypothesis may only be extended by <end> at no cost, so it carries its score along.
-        frozen = torch.full_like(log_probs, NEG_INF)
-        frozen[:, rules.end_index] = 0.0
-        log_probs = torch.where(finished[:, None], frozen, log_probs)
+        log_probs = _freeze_finished(log_probs, finished, rules.end_index)
         scores, origin, tokens = _choose(scores, log_probs, finished.view(-1, k), groups, diversity)
         origin = (base + origin).view(-1)                          # rows of the hypotheses extended
         tokens = tokens.view(-1)
@@ -328,9 +343,7 @@ def beam_search(decoder, regions: torch.Tensor, *, beam: int, max_length: int, r
         finished = finished.index_select(0, origin) | (tokens == rules.end_index)
         words = torch.cat([words.index_select(0, origin), tokens[:, None]], dim=1)
         state = select_state(state, origin, keep=fixed)
-        for name, value in attention.items():
-            past = history[name].index_select(0, origin) if name in history else value.new_empty(origin.shape[0], 0, value.shape[1])
-            history[name] = torch.cat([past, value.index_select(0, origin).unsqueeze(1)], dim=1)
+        history = _extend_history(history, attention, origin)
         done = finished.view(-1, k).all(dim=1)                     # images whose k hypotheses all ended
         if done.all():
             break
