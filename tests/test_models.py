@@ -14,7 +14,7 @@ from captioner.models.transformer_decoder import (
     TransformerDecoderConfig,
 )
 from captioner.training.losses import caption_loss
-from tests.conftest import memorise
+from tests.conftest import memorise, padded_logits
 
 START, END = 1, 2
 RULES = TokenRules(START, END)
@@ -83,7 +83,7 @@ def test_teacher_forced_batch_equals_each_caption_alone(kind):
         for row in range(5):
             n = int((captions[row, 1:] != 0).sum())
             alone = decoder(features[row : row + 1], captions[row : row + 1, : n + 1])
-            logits = together.padded_logits(captions[:, 1:] != 0)
+            logits = padded_logits(together, captions[:, 1:] != 0)
             torch.testing.assert_close(logits[row, :n], alone.logits, rtol=1e-5, atol=1e-5)
             torch.testing.assert_close(together.alpha[row, :n], alone.alpha[0], rtol=1e-5, atol=1e-6)
             assert together.alpha[row, n:].eq(0).all()
@@ -122,7 +122,7 @@ def test_loss_ignores_padding():
     mask = captions[:, 1:] != 0
     out = decoder(features, captions)
     packed = caption_loss(out.logits, captions[:, 1:], out.alpha, 1.0)
-    garbage = out.padded_logits(mask).masked_fill(~mask.unsqueeze(-1), 100.0)   # whatever sits at padding
+    garbage = padded_logits(out, mask).masked_fill(~mask.unsqueeze(-1), 100.0)   # whatever sits at padding
     torch.testing.assert_close(caption_loss(garbage, captions[:, 1:], out.alpha, 1.0)["loss"], packed["loss"])
     assert int(packed["words"]) == 4 + 2 + 6 and out.logits.shape[0] == 12
 

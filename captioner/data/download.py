@@ -20,9 +20,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from tqdm import tqdm
-
 from captioner.errors import CaptionerError
+from captioner.utils import progress_bar
 
 log = logging.getLogger(__name__)
 
@@ -62,12 +61,13 @@ def _content_range_total(value: str | None) -> tuple[int | None, int | None]:
     return first, (int(match.group(2)) if match.group(2) != "*" else None)
 
 
-def download(url: str, dest: str | Path, *, progress: bool | None = None) -> Path:
+def download(url: str, dest: str | Path, *, progress: bool = True) -> Path:
     """Download ``url`` to ``dest`` (resumably, see the module docstring) and return ``dest``.
 
-    ``dest`` already present is taken as complete (it only ever appears whole). ``progress``: a tqdm bar
-    (None: only on a terminal). The body's length is checked against Content-Length (or Content-Range) when
-    the server sends one. Raises :class:`DownloadError` naming the URL and the reason.
+    ``dest`` already present is taken as complete (it only ever appears whole). ``progress``: a progress bar
+    (:func:`~captioner.utils.progress_bar`: on a terminal; elsewhere a line a minute). The body's length is checked
+    against Content-Length (or Content-Range) when the server sends one. Raises :class:`DownloadError` naming the
+    URL and the reason.
     """
     dest = Path(dest)
     if dest.exists():
@@ -90,8 +90,8 @@ def download(url: str, dest: str | Path, *, progress: bool | None = None) -> Pat
                         log.info("%s: the server ignored the range; downloading it again from the start", url)
                         offset = 0
                     if bar is None:
-                        bar = tqdm(total=total, initial=offset, unit="B", unit_scale=True, unit_divisor=1024,
-                                   desc=dest.name, disable=None if progress is None else not progress, leave=False)
+                        bar = progress_bar(total=total, initial=offset, unit="B", unit_scale=True, unit_divisor=1024,
+                                           desc=dest.name, show=progress, leave=False)
                     else:
                         bar.reset(total=total)
                         bar.update(offset)
