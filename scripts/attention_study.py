@@ -39,9 +39,9 @@ from pathlib import Path
 
 import torch
 
-from captioner.config import load_config, recipes
 from captioner.commands.evaluate import evaluate_checkpoint
 from captioner.commands.ground import ground_checkpoint
+from captioner.config import load_config, recipes
 from captioner.training.engine import train
 from captioner.utils import LOG_FORMAT
 

@@ -11,12 +11,12 @@ import pytest
 import torch
 from torch import nn
 
-from captioner.checkpoint import load_model
 from captioner import config as config_module
+from captioner.checkpoint import load_model
+from captioner.commands.evaluate import evaluate_checkpoint
 from captioner.config import config_reference, load_config
 from captioner.decoding.search import TokenRules, beam_search, greedy
 from captioner.errors import CaptionerError
-from captioner.commands.evaluate import evaluate_checkpoint
 from captioner.models import captioner as registry
 from captioner.models.decoder import CaptionDecoder, TeacherForced
 from captioner.models.lstm_decoder import LSTMDecoder, LSTMDecoderConfig

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 
 from captioner.cli import main, parse_args
-from captioner.errors import CaptionerError
-from captioner.evaluation import evaluate
-from captioner.evaluation.caption_metrics import score_captions
 from captioner.commands.evaluate import evaluate_checkpoint
-from captioner.training.engine import train
 from captioner.commands.report import run_names, write_report
+from captioner.errors import CaptionerError
+from captioner.evaluation import caption_metrics
+from captioner.evaluation.caption_metrics import score_captions
+from captioner.training.engine import train
 from tests.conftest import tiny_config
 from tests.test_reliability import one_line_errors
 
@@ -28,7 +28,7 @@ def quick_scores():
     """Evaluation without the Java tokenizer and METEOR (which take seconds to start): BLEU, ROUGE-L and CIDEr of
     the same captions, which is all these tests compare."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(evaluate, "score_captions",
+        patch.setattr(caption_metrics, "score_captions",
                       lambda references, captions, spice=False: score_captions(references, captions, java=False))
         yield
 
