@@ -16,6 +16,7 @@ from captioner import Predictor
 from captioner.checkpoint import load_checkpoint
 from captioner.cli import main
 from captioner.commands.evaluate import evaluate_checkpoint
+from captioner.commands.export import export_checkpoint
 from captioner.errors import CaptionerError
 from captioner.export.folder import FORMAT_VERSION
 from captioner.serve.checkpoints import load_served_models
