@@ -10,7 +10,8 @@ from captioner.commands.options import BEAM_HELP, MAX_PIXELS_HELP, Once, add_ove
 def add_parser(commands) -> None:
     parser = commands.add_parser("attend", help="draw where the model looked for each word")
     parser.add_argument("image")
-    parser.add_argument("--checkpoint", required=True, action=Once, help="the trained checkpoint or export folder (one)")
+    parser.add_argument("--checkpoint", required=True, action=Once,
+                        help="the trained checkpoint or export folder (one)")
     parser.add_argument("--out", required=True, help="output PNG")
     parser.add_argument("--instances", help="COCO instances_*.json holding this image (matched by file name): "
                         "outline the ground-truth box of each object a word names")

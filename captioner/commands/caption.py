@@ -6,7 +6,14 @@ import argparse
 import json
 import sys
 
-from captioner.commands.options import BEAM_HELP, MAX_PIXELS_HELP, RUNTIME_HELP, add_overrides, positive_int, predictor_of
+from captioner.commands.options import (
+    BEAM_HELP,
+    MAX_PIXELS_HELP,
+    RUNTIME_HELP,
+    add_overrides,
+    positive_int,
+    predictor_of,
+)
 from captioner.export import RUNTIMES
 
 

@@ -12,8 +12,9 @@ def add_parser(commands) -> None:
     parser = commands.add_parser("compare", help="report comparing runs: metrics, curves, attention statistics, "
                                  "figures")
     parser.add_argument("runs", nargs="+", help="run directories (with best.pt or last.pt) or export folders; a run "
-                        "whose scores_SPLIT.json is not its checkpoint's with these decode settings is evaluated again, "
-                        "which writes captions_SPLIT.json and scores_SPLIT.json into its folder as evaluate does")
+                        "whose scores_SPLIT.json is not its checkpoint's with these decode settings is evaluated "
+                        "again, which writes captions_SPLIT.json and scores_SPLIT.json into its folder as evaluate "
+                        "does")
     parser.add_argument("--out", required=True, help="folder for report.md, report.html and the PNGs")
     parser.add_argument("--split", default="test")
     parser.add_argument("--beam", type=int, default=None, help="beam size (default: each run's decode.beam)")

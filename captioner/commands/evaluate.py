@@ -46,7 +46,6 @@ def run(args: argparse.Namespace) -> int:
     return unreadable_exit(scores["unreadable_images"], scores["images"])
 
 
-
 def split_dataset(config: Config, split: str, vocab, model) -> CaptionDataset:
     """One item per image of ``split``: cached features when the cache holds them all, else raw images."""
     from captioner.data.dataset import make_dataset
