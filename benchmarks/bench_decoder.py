@@ -146,11 +146,11 @@ def bench_beam(decoder: LSTMDecoder, beam: int, batch: int, images: int) -> floa
     decoder.eval()
     device = next(decoder.parameters()).device
     features = torch.randn(images, 196, decoder.config.region_dim, device=device)
-    beam_search(decoder, features[:batch], beam_size=beam, max_length=20, rules=RULES)
+    beam_search(decoder, features[:batch], beam=beam, max_length=20, rules=RULES)
     synchronise(device)
     started = time.perf_counter()
     for i in range(0, images, batch):
-        beam_search(decoder, features[i : i + batch], beam_size=beam, max_length=20, rules=RULES)
+        beam_search(decoder, features[i : i + batch], beam=beam, max_length=20, rules=RULES)
     synchronise(device)
     return round(images / (time.perf_counter() - started), 2)
 
@@ -169,7 +169,7 @@ decoder = paper_decoder().eval()
 features = torch.randn({images}, 196, 512, generator=torch.Generator().manual_seed(1))
 started = time.perf_counter()
 for i in range(0, {images}, 32):
-    beam_search(decoder, features[i : i + 32], beam_size=3, max_length=20, rules=RULES)
+    beam_search(decoder, features[i : i + 32], beam=3, max_length=20, rules=RULES)
 print({images} / (time.perf_counter() - started))
 """
 
@@ -191,7 +191,7 @@ def bench_fresh_process(pairs: int, images: int = 64) -> dict:
         plain.append(fresh_images_per_s(images, allocator=False))
         started = time.perf_counter()
         for i in range(0, images, 32):
-            beam_search(decoder, features[i : i + 32], beam_size=3, max_length=20, rules=RULES)
+            beam_search(decoder, features[i : i + 32], beam=3, max_length=20, rules=RULES)
         warm.append(images / (time.perf_counter() - started))
     return {"warm_images_per_s": summary(warm), "fresh_images_per_s": summary(fresh),
             "fresh_without_allocator_setup_images_per_s": summary(plain),

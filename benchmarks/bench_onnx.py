@@ -31,7 +31,7 @@ from captioner.config import load_config
 from captioner.data.vocabulary import Vocabulary
 from captioner.decoding.search import DecodeConfig, decode
 from captioner.export.onnx import ENCODER, OnnxDecoder, OnnxEncoder, export_onnx, require_onnx
-from captioner.models.captioner import build_model
+from captioner.checkpoint import build_model
 
 VOCAB = 10_000
 WORDS = 20

@@ -118,12 +118,12 @@ def beam_by_size(device, beams: list[int], batches: list[int], images: int) -> d
     result = {}
     for beam in beams:
         for batch in batches:
-            beam_search(decoder, features[:batch], beam_size=beam, max_length=20, rules=RULES)
+            beam_search(decoder, features[:batch], beam=beam, max_length=20, rules=RULES)
             with Memory(device) as memory:
                 synchronise(device)
                 started = time.perf_counter()
                 for i in range(0, images, batch):
-                    beam_search(decoder, features[i : i + batch], beam_size=beam, max_length=20, rules=RULES)
+                    beam_search(decoder, features[i : i + batch], beam=beam, max_length=20, rules=RULES)
                 synchronise(device)
             result[f"k={beam} B={batch}"] = {"images_per_s": round(images / (time.perf_counter() - started), 2),
                                              "peak_memory_mb": memory.mb}

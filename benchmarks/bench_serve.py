@@ -42,11 +42,10 @@ import httpx
 import numpy as np
 from common import add_arguments
 
-from captioner.checkpoint import save_checkpoint
+from captioner.checkpoint import build_model, save_checkpoint
 from captioner.config import load_config
 from captioner.data.shapes import generate_shapes
 from captioner.data.vocabulary import Vocabulary
-from captioner.models.captioner import build_model
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO_SOFT = ROOT / "runs" / "demo" / "soft" / "best.pt"

@@ -105,7 +105,7 @@ def bench_recipes(device: torch.device, pairs: int, batch: int = 64) -> dict:
 
 def bench_beam(decoder, features: torch.Tensor, batch: int, beam: int = 3, length: int = 20) -> tuple[float, list]:
     """Images/s of beam search over ``features`` in batches, and the captions it found."""
-    search = partial(beam_search, decoder, beam_size=beam, max_length=length, rules=RULES)
+    search = partial(beam_search, decoder, beam=beam, max_length=length, rules=RULES)
     search(features[:2])  # warm-up
     synchronise(features.device)
     started = time.perf_counter()

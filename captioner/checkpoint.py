@@ -1,5 +1,6 @@
 """Checkpoints: one dict per file, written atomically, read back with ``torch.load(weights_only=True)``,
-and the models they hold. Training writes them; evaluation, the CLI, the demo, reports and the server
+and the models they hold; a model built from a config (:func:`build_model`) beside one loaded from a checkpoint
+(:func:`load_model`). Training writes them; evaluation, the CLI, the demo, reports and the server
 read them, so this module belongs to no single layer.
 
 A checkpoint holds ``model``, ``optimizer``, ``scheduler`` and ``loss`` (state dicts), ``progress`` (epoch,
@@ -13,6 +14,7 @@ separates them.
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 import re
 import zipfile
@@ -25,7 +27,7 @@ from captioner.config import Config, apply_overrides, complete
 from captioner.data.vocabulary import Vocabulary
 from captioner.errors import CaptionerError
 from captioner.export.folder import CONFIG, is_export, read_export
-from captioner.models.captioner import Captioner, build_model
+from captioner.models.captioner import Captioner, build_captioner
 from captioner.utils import atomic_write, file_sha256
 
 LEGACY_LOSS_STATE = {"decoder.reward_baseline": "baseline", "decoder.baseline_updates": "baseline_updates"}
@@ -110,6 +112,16 @@ def model_and_loss_states(payload: dict) -> tuple[dict, dict]:
         if old in model_state:
             loss_state.setdefault(new, model_state.pop(old))
     return model_state, loss_state
+
+
+def build_model(config: Config, vocab_size: int, pretrained: bool | None = None) -> Captioner:
+    """The model a resolved config describes, for a vocabulary of ``vocab_size`` words (new weights; a
+    checkpoint's: :func:`load_model`). ``pretrained=False`` skips loading encoder weights (used when a
+    checkpoint's weights are loaded right after)."""
+    encoder = config.encoder
+    if pretrained is not None:
+        encoder = dataclasses.replace(encoder, pretrained=pretrained and encoder.pretrained)
+    return build_captioner(encoder, config.model, vocab_size)
 
 
 def load_model(path: str | Path, device: str | torch.device = "cpu", overrides: Sequence[str] = ()

@@ -34,7 +34,7 @@ import yaml
 from captioner.data.config import DataConfig
 from captioner.decoding.search import DecodeConfig
 from captioner.errors import CaptionerError
-from captioner.models.captioner import DECODERS
+from captioner.models.captioner import DECODERS, ModelConfig
 from captioner.models.encoder import EncoderConfig
 from captioner.settings import allowed, check_settings, check_value, default_of, kind_of, setting, settings_of
 from captioner.utils import parse_device, write_file
@@ -136,41 +136,6 @@ class TrainConfig:
         if self.objective == "scst" and self.scst_baseline == "mean" and self.scst_samples < 2:
             raise CaptionerError("train.scst_baseline mean needs train.scst_samples of at least 2 (the other samples "
                                  f"of an image are its baseline), got {self.scst_samples}")
-
-
-class ModelConfig:
-    """The ``model`` section: ``decoder`` names a registered decoder (:data:`~captioner.models.captioner.DECODERS`),
-    and every registered decoder has its settings section, ``model.<name>`` (its config dataclass), read as an
-    attribute: ``config.model.lstm.hidden_dim``; :attr:`chosen` is the one ``decoder`` names."""
-
-    def __init__(self, decoder: str = "lstm", **sections):
-        self.decoder = decoder
-        self.sections = {name: sections.get(name) or entry.config() for name, entry in DECODERS.items()}
-
-    def __getattr__(self, name: str):
-        sections = self.__dict__.get("sections", {})
-        if name in sections:
-            return sections[name]
-        raise AttributeError(f"model has no decoder section {name!r}")
-
-    @property
-    def chosen(self):
-        """The settings of the decoder that ``decoder`` names."""
-        return self.sections[self.decoder]
-
-    def __eq__(self, other) -> bool:
-        return isinstance(other, ModelConfig) and (self.decoder, self.sections) == (other.decoder, other.sections)
-
-    def __repr__(self) -> str:
-        return f"ModelConfig(decoder={self.decoder!r}, {', '.join(f'{k}={v!r}' for k, v in self.sections.items())})"
-
-    def check(self) -> None:
-        if self.decoder not in DECODERS:
-            raise CaptionerError(f"model.decoder must be one of {', '.join(DECODERS)}, got {self.decoder!r}")
-        try:
-            self.chosen.check()
-        except ValueError as err:
-            raise CaptionerError(f"model.{self.decoder}: {err}") from None
 
 
 SECTIONS = {"run": RunConfig, "data": DataConfig, "encoder": EncoderConfig, "loss": LossConfig,

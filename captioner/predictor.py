@@ -3,7 +3,10 @@ checkpoint or an export folder (``captioner export``), the encoder's image trans
 prepared once (eval mode, BatchNorms folded into the convolutions, channels-last, the decoding step compiled when
 ``decode.compile`` asks; or the export's ONNX graphs in ONNX Runtime). ``captioner caption``, ``attend``,
 ``evaluate``, ``ground`` and ``compare``, the demo, ``captioner serve`` and its decoding process all caption through
-it, and it is the Python API::
+it, and it is the Python API. As a Hugging Face pipeline does, it works in three steps, each a method to call
+or override: :meth:`Predictor.preprocess` (an image file to the encoder's input), :meth:`Predictor.forward` (a
+batch of inputs to generations: the encoder and the search) and :meth:`Predictor.postprocess` (a generation to a
+:class:`CaptionResult`); :meth:`Predictor.caption` runs them over files in batches::
 
     from captioner import Predictor
 
@@ -147,36 +150,46 @@ class Predictor:
         twin.settings.check()
         return twin
 
+    def preprocess(self, image: str | Path | Image.Image) -> torch.Tensor:
+        """One image file (or PIL image) as the encoder's input: (3, H, W) floats in [0, 1]. Raises
+        :class:`~captioner.errors.ImageError` for a file that cannot be read or holds more than ``max_pixels``."""
+        picture = image.convert("RGB") if isinstance(image, Image.Image) else load_image(image, max_pixels=self.max_pixels)
+        return self.transform(picture)
+
     @torch.inference_mode()
-    def decode_images(self, images: torch.Tensor, names: Sequence[str] | None = None,
-                      settings: DecodeConfig | None = None) -> list[Generation]:
-        """The captions of ``images`` (B, 3, H, W), floats in [0, 1] at the encoder's input size, as one batch.
-        ``names`` identify the images for seeded sampling (the same draws batched or not)."""
+    def forward(self, images: torch.Tensor, names: Sequence[str] | None = None,
+                settings: DecodeConfig | None = None) -> list[Generation]:
+        """The captions of ``images`` (B, 3, H, W), floats in [0, 1] at the encoder's input size, as one batch, with
+        ``settings`` (default: the predictor's). ``names`` identify the images for seeded sampling (the same draws
+        batched or not)."""
         settings = settings or self.settings
         regions = self.model.regions(images=images.to(self.device))
         return decode(self.model.decoder, regions, self.vocab, settings, images=None if names is None else list(names))
 
+    def postprocess(self, generation: Generation, path: Path | None = None) -> CaptionResult:
+        """A generation as the result for the image at ``path``: its words, its caption, the n best captions."""
+        words = [self.vocab.words[i] for i in generation.tokens]
+        beams = [Beam(self.vocab.decode(b.tokens), b.log_prob) for b in generation.beams or [generation]]
+        return CaptionResult(path, caption=" ".join(words), words=words, generation=generation, grid=self.grid,
+                             beams=beams)
+
     def caption(self, images: Sequence[str | Path | Image.Image], *, batch_size: int = 16) -> list[CaptionResult]:
-        """Caption image files (or PIL images) in batches. A file that cannot be read gets its ``error`` and
-        the others go on."""
-        results, readable = [], []
-        for index, image in enumerate(images):
-            result = CaptionResult(None if isinstance(image, Image.Image) else Path(image), grid=self.grid)
-            results.append(result)
+        """Caption image files (or PIL images) in batches of ``batch_size``: each image through :meth:`preprocess`,
+        each batch through :meth:`forward`, each caption through :meth:`postprocess`. A file that cannot be read
+        gets its ``error`` and the others go on."""
+        paths = [None if isinstance(image, Image.Image) else Path(image) for image in images]
+        results: list[CaptionResult | None] = [None] * len(paths)
+        readable = []                           # (index, pixels, name) of each image read
+        for index, (image, path) in enumerate(zip(images, paths)):
             try:
-                picture = image.convert("RGB") if isinstance(image, Image.Image) else load_image(
-                    result.path, max_pixels=self.max_pixels)
-                readable.append((result, self.transform(picture), str(result.path or f"image {index}")))
+                readable.append((index, self.preprocess(image), str(path or f"image {index}")))
             except ImageError as err:
-                result.error = str(err)
+                results[index] = CaptionResult(path, error=str(err), grid=self.grid)
         for start in range(0, len(readable), batch_size):
             chunk = readable[start : start + batch_size]
-            generations = self.decode_images(torch.stack([x for _, x, _ in chunk]), [name for *_, name in chunk])
-            for (result, _, _), generation in zip(chunk, generations):
-                result.generation = generation
-                result.words = [self.vocab.words[i] for i in generation.tokens]
-                result.caption = " ".join(result.words)
-                result.beams = [Beam(self.vocab.decode(b.tokens), b.log_prob) for b in generation.beams or [generation]]
+            generations = self.forward(torch.stack([x for _, x, _ in chunk]), [name for *_, name in chunk])
+            for (index, _, _), generation in zip(chunk, generations):
+                results[index] = self.postprocess(generation, paths[index])
         return results
 
     def attend(self, image: str | Path, out: str | Path, *, instances: str | Path | None = None,

@@ -39,8 +39,9 @@ from pathlib import Path
 
 import torch
 
+from captioner.commands.evaluate import evaluate_checkpoint
+from captioner.commands.ground import ground_checkpoint
 from captioner.config import load_config, recipes
-from captioner.evaluation.evaluate import evaluate_checkpoint, ground_checkpoint
 from captioner.training.engine import train
 from captioner.utils import LOG_FORMAT
 
@@ -198,11 +199,11 @@ def run_variant(name: str, seed: int, epochs: int | None, reuse: bool = False) -
     else:
         result = train(config, overwrite=True)
         seconds = time.perf_counter() - started
-    val = evaluate_checkpoint(result["checkpoint"], "val", beam_size=3, out_dir=out, progress=False)
+    val = evaluate_checkpoint(result["checkpoint"], "val", beam=3, out_dir=out, progress=False)
     coco, references = {}, None
     if COCO_MINI.exists():
         ensure_coco_cache(coco_features, encoder_overrides)
-        coco = evaluate_checkpoint(result["checkpoint"], "test", beam_size=3, out_dir=out / "coco_mini",
+        coco = evaluate_checkpoint(result["checkpoint"], "test", beam=3, out_dir=out / "coco_mini",
                                    overrides=coco_mini_overrides(coco_features), progress=False)
         references = grade_references(result["checkpoint"], coco_features, out / "coco_mini")
     row = {"variant": name, "seed": seed, "epochs": epochs, "run": out.name, "description": description, "overrides": overrides,
@@ -299,7 +300,7 @@ def blocking_sweep(runs: list[str], decodings: list[str]) -> str:
         if not checkpoint.exists():
             raise SystemExit(f"{checkpoint}: no such checkpoint (train the run first)")
         for name in decodings:
-            scores = evaluate_checkpoint(checkpoint, "val", beam_size=3, out_dir=OUT / run / name.replace(" ", "_"),
+            scores = evaluate_checkpoint(checkpoint, "val", beam=3, out_dir=OUT / run / name.replace(" ", "_"),
                                          overrides=DECODINGS[name], progress=False)
             d = scores["diversity"]
             with (OUT / "blocking.jsonl").open("a") as handle:
@@ -326,7 +327,7 @@ def grounding_by_layer(run: str, maps: list[str] | None = None) -> str:
                   ["model.transformer.attention_map=layer", f"model.transformer.attention_layer={shown}"])
         overrides = [*coco_mini_overrides(features), *chosen]
         out = OUT / run / f"coco_mini_map_{shown}"
-        own = evaluate_checkpoint(checkpoint, "test", beam_size=3, out_dir=out, overrides=overrides,
+        own = evaluate_checkpoint(checkpoint, "test", beam=3, out_dir=out, overrides=overrides,
                                   progress=False)["grounding"]
         read = ground_checkpoint(checkpoint, "test", overrides=overrides, out_dir=out, progress=False, references=True)
         lines.append(f"| {'mean of the layers' if shown == 'mean' else f'layer {shown}'} | "

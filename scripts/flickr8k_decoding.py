@@ -15,8 +15,8 @@ import argparse
 import json
 from pathlib import Path
 
+from captioner.commands.evaluate import evaluate_checkpoint
 from captioner.config import load_config
-from captioner.evaluation.evaluate import evaluate_checkpoint
 from captioner.training.engine import train
 
 ROOT = Path(__file__).resolve().parent.parent

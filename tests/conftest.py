@@ -149,6 +149,14 @@ def tiny_config(root, out, **sections):
     return load_config(None, overrides)
 
 
+def padded_logits(out, mask: torch.Tensor) -> torch.Tensor:
+    """The ``logits`` of a decoder's :class:`~captioner.models.decoder.TeacherForced` output ``out`` (real positions
+    only) as (B, T, V), zero at the positions ``mask`` (B, T) marks as padding."""
+    padded = out.logits.new_zeros(*mask.shape, out.logits.shape[-1])
+    padded[mask] = out.logits
+    return padded
+
+
 def memorise(decoder, features, captions, lr: float, steps: int = 150) -> float:
     """Fit ``decoder`` to ``captions`` (B, T+1) of ``features`` (B, L, D) with Adam; returns the last loss."""
     from captioner.training.losses import caption_loss

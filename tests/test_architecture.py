@@ -11,12 +11,12 @@ import pytest
 import torch
 from torch import nn
 
-from captioner.checkpoint import load_model
 from captioner import config as config_module
+from captioner.checkpoint import load_model
+from captioner.commands.evaluate import evaluate_checkpoint
 from captioner.config import config_reference, load_config
 from captioner.decoding.search import TokenRules, beam_search, greedy
 from captioner.errors import CaptionerError
-from captioner.evaluation.evaluate import evaluate_checkpoint
 from captioner.models import captioner as registry
 from captioner.models.decoder import CaptionDecoder, TeacherForced
 from captioner.models.lstm_decoder import LSTMDecoder, LSTMDecoderConfig
@@ -103,9 +103,9 @@ def test_a_decoder_added_by_the_documented_steps_trains_decodes_and_is_evaluated
 
     features = model.encoder(torch.rand(3, 3, 32, 32))
     indices = {"rules": TokenRules(vocab.start_index, vocab.end_index), "max_length": 6}
-    single = beam_search(model.decoder, features, beam_size=1, **indices)
+    single = beam_search(model.decoder, features, beam=1, **indices)
     assert [g.tokens for g in single] == [g.tokens for g in greedy(model.decoder, features, **indices)]
-    for generation in beam_search(model.decoder, features, beam_size=3, **indices):
+    for generation in beam_search(model.decoder, features, beam=3, **indices):
         if generation.tokens:
             torch.testing.assert_close(generation.attention["alpha"].sum(-1), torch.ones(len(generation.tokens)))
 
@@ -113,50 +113,55 @@ def test_a_decoder_added_by_the_documented_steps_trains_decodes_and_is_evaluated
     assert scores["images"] == 6 and "CIDEr" in scores and scores["attention"]["regions"] == 4
 
 
-# The layers of the package, lowest first: a module may import its own layer and those below, never one above.
+# The layers of the package, lowest first: a module may import its own layer and those below, never one above; and
+# no two of its folders and top-level modules ("units") import each other, not even within a layer.
 LAYERS = (
     ("leaves", ("captioner.errors", "captioner.utils", "captioner.settings", "captioner.tokens", "captioner.version")),
     ("data", ("captioner.data",)),
     ("models and decoding", ("captioner.models", "captioner.decoding")),
-    ("config and checkpoints", ("captioner.config", "captioner.checkpoint", "captioner.export.folder")),
-    ("training, evaluation, drawing, exporting", ("captioner.training", "captioner.evaluation", "captioner.visualisation",
-                                                  "captioner.feature_extraction", "captioner.export")),
+    ("exported files", ("captioner.export",)),
+    ("config and checkpoints", ("captioner.config", "captioner.checkpoint")),
+    ("evaluation, drawing, feature extraction", ("captioner.evaluation", "captioner.visualisation",
+                                                 "captioner.feature_extraction")),
+    ("training", ("captioner.training",)),
     ("the predictor", ("captioner.predictor",)),
-    ("commands", ("captioner.evaluation.evaluate", "captioner.report", "captioner.demo", "captioner.serve",
-                  "captioner.cli", "captioner.__main__", "captioner")),
+    ("the server", ("captioner.serve",)),
+    ("commands", ("captioner.commands",)),
+    ("the command line and the package", ("captioner.cli", "captioner.__main__", "captioner")),
 )
 
 
 def layer_of(module: str) -> int:
-    """The layer of ``module``: that of the longest prefix named in :data:`LAYERS`."""
+    """The layer of ``module``: that of the longest prefix named in :data:`LAYERS` (``captioner`` itself, the
+    package's ``__init__``, names only itself)."""
     best, depth = None, -1
     for index, (_, prefixes) in enumerate(LAYERS):
         for prefix in prefixes:
-            if (module == prefix or module.startswith(prefix + ".")) and prefix.count(".") > depth:
+            inside = module == prefix or module.startswith(prefix + ".") and prefix != "captioner"
+            if inside and prefix.count(".") > depth:
                 best, depth = index, prefix.count(".")
     assert best is not None, f"{module} is in no layer of LAYERS"
     return best
+
+
+def unit_of(module: str) -> str:
+    """The folder or top-level module of the package that ``module`` belongs to: ``captioner.data.text`` ->
+    ``captioner.data``."""
+    return ".".join(module.split(".")[:2])
 
 
 PACKAGE = Path(__file__).resolve().parent.parent / "captioner"
 
 
 def package_imports(package: Path = PACKAGE) -> dict[str, dict[str, int]]:
-    """``{module: {imported module: line}}`` of every module of ``package``: module-level imports and those inside
-    functions alike; only imports under ``if TYPE_CHECKING:`` (annotations, never run) are left out."""
+    """``{module: {imported module: line}}`` of every module of ``package``: every import, at module level, inside
+    functions and under ``if TYPE_CHECKING:`` alike."""
     modules = {".".join(p.relative_to(package.parent).with_suffix("").parts).removesuffix(".__init__"): p
                for p in package.rglob("*.py")}
-    typing_only = set()
     imports = {}
     for name, path in modules.items():
-        tree = ast.parse(path.read_text())
-        for node in ast.walk(tree):
-            if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
-                typing_only |= {id(child) for stmt in node.body for child in ast.walk(stmt)}
         found = {}
-        for node in ast.walk(tree):
-            if id(node) in typing_only:
-                continue
+        for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.module:
                 for target in (node.module, *(f"{node.module}.{a.name}" for a in node.names)):
                     if target in modules and target != name:
@@ -167,32 +172,86 @@ def package_imports(package: Path = PACKAGE) -> dict[str, dict[str, int]]:
     return imports
 
 
+def upward_imports(imports: dict[str, dict[str, int]]) -> list[str]:
+    """Every import of a module of a higher layer, as ``module:line imports target (its layer above this one)``."""
+    return [f"{name}:{line} imports {target} ({LAYERS[layer_of(target)][0]} above {LAYERS[layer_of(name)][0]})"
+            for name, targets in imports.items() for target, line in targets.items()
+            if layer_of(target) > layer_of(name)]
+
+
+def unit_graph(imports: dict[str, dict[str, int]]) -> dict[str, set[str]]:
+    """The imports between the package's folders and top-level modules: ``{unit: {units it imports}}``."""
+    graph: dict[str, set[str]] = {}
+    for name, targets in imports.items():
+        graph.setdefault(unit_of(name), set()).update(unit_of(t) for t in targets if unit_of(t) != unit_of(name))
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str] | dict]) -> list[str] | None:
+    """A cycle of ``graph`` (``{node: nodes it points to}``) as ``[a, b, ..., a]``, or None when it has none."""
+    done: set[str] = set()
+
+    def visit(node: str, path: list[str]) -> list[str] | None:
+        if node in path:
+            return path[path.index(node):] + [node]
+        if node in done:
+            return None
+        for target in graph.get(node, ()):
+            cycle = visit(target, path + [node])
+            if cycle:
+                return cycle
+        done.add(node)
+        return None
+
+    return next((cycle for node in sorted(graph) if (cycle := visit(node, []))), None)
+
+
 def test_imports_run_down_the_layers_and_never_in_a_cycle():
     imports = package_imports()
-    upward = [f"{name}:{line} imports {target} ({LAYERS[layer_of(target)][0]} above {LAYERS[layer_of(name)][0]})"
-              for name, targets in imports.items() for target, line in targets.items()
-              if layer_of(target) > layer_of(name)]
-    assert not upward, "\n".join(upward)
-
-    def visit(name: str, path: list[str]) -> None:
-        for target in imports[name]:
-            assert target not in path, f"import cycle: {' -> '.join(path[path.index(target):] + [target])}"
-            visit(target, path + [target])
-
-    for name in imports:
-        visit(name, [name])
+    assert not upward_imports(imports), "\n".join(upward_imports(imports))
+    assert find_cycle(unit_graph(imports)) is None, f"import cycle between folders: {find_cycle(unit_graph(imports))}"
+    assert find_cycle(imports) is None, f"import cycle between files: {find_cycle(imports)}"
 
 
-def test_the_layer_test_sees_an_import_inside_a_function_and_skips_annotations(tmp_path):
+def test_the_layer_test_sees_every_import_and_fails_on_a_cycle_or_an_import_back_up(tmp_path):
     package = tmp_path / "captioner"
     (package / "models").mkdir(parents=True)
+    (package / "data").mkdir()
     (package / "predictor.py").write_text("")
     (package / "config.py").write_text("")
     (package / "models" / "probe.py").write_text(
         "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from captioner.config import Config\n\n\n"
         "def probe():\n    from captioner.predictor import Predictor\n    return Predictor\n")
-    assert package_imports(package)["captioner.models.probe"] == {"captioner.predictor": 7}
-    assert layer_of("captioner.predictor") > layer_of("captioner.models.probe")
+    (package / "models" / "other.py").write_text("from captioner.data import rows\n")
+    (package / "data" / "rows.py").write_text("import captioner.models.other\n")
+    imports = package_imports(package)
+    assert imports["captioner.models.probe"] == {"captioner.config": 3, "captioner.predictor": 7}
+    assert upward_imports(imports) == [
+        "captioner.models.probe:3 imports captioner.config (config and checkpoints above models and decoding)",
+        "captioner.models.probe:7 imports captioner.predictor (the predictor above models and decoding)",
+        "captioner.data.rows:1 imports captioner.models.other (models and decoding above data)"]
+    assert find_cycle(imports) == ["captioner.data.rows", "captioner.models.other", "captioner.data.rows"]
+    assert find_cycle(unit_graph(imports)) == ["captioner.data", "captioner.models", "captioner.data"]
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
+
+
+def long_functions(package: Path = PACKAGE, limit: int = 60) -> list[str]:
+    """``path:line name (N lines)`` of every function (method, nested function) of ``package`` longer than
+    ``limit`` lines, from its ``def`` to its last line."""
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            length = getattr(node, "end_lineno", 0) - getattr(node, "lineno", 0) + 1
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and length > limit:
+                found.append(f"{path.relative_to(package.parent)}:{node.lineno} {node.name} ({length} lines)")
+    return found
+
+
+def test_no_function_is_over_60_lines(tmp_path):
+    assert long_functions() == []
+    (tmp_path / "captioner").mkdir()
+    (tmp_path / "captioner" / "long.py").write_text("def short():\n    pass\n\n\ndef long():\n" + "    x = 1\n" * 60)
+    assert long_functions(tmp_path / "captioner") == ["captioner/long.py:5 long (61 lines)"]
 
 
 REFERENCE = re.compile(r"`~?(captioner(?:\.\w+)+)`")          # `captioner.x.y`, ``captioner.x``, :func:`~captioner.x`

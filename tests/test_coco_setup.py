@@ -23,7 +23,7 @@ from captioner.data import coco_setup, download as download_module
 from captioner.data.coco_setup import (Archive, KarpathySource, Rejected, check_karpathy, map_to_year,
                                        obtain_karpathy, official_split, setup_coco)
 from captioner.data.download import download, part_path
-from captioner.data.readers import read_karpathy
+from captioner.data.readers import read_karpathy_splits
 from captioner.errors import CaptionerError
 from tests.conftest import tiny_config
 
@@ -212,7 +212,7 @@ def test_a_dead_first_karpathy_source_falls_back_to_the_blip_files(server, tmp_p
     assert by_split(data) == {"train": {1, 2, 3, 4, 5, 6, 10, 12}, "val": {7, 8}, "test": {9, 11}}
     restval = next(e for e in data["images"] if e["cocoid"] == 10)       # a val2014 photo in train
     assert (restval["filepath"], restval["split"], len(restval["sentences"])) == ("val2014", "train", 5)
-    assert [r.image_id for r in read_karpathy(root / "dataset_coco_karpathy.json", root, "test")] == [9, 11]
+    assert [r.image_id for r in read_karpathy_splits(root / "dataset_coco_karpathy.json", root, ("test",))["test"]] == [9, 11]
     assert not list((root / "downloads").iterdir())       # the BLIP files go once converted (no --keep-zips)
 
 
@@ -303,7 +303,7 @@ def test_2017_maps_the_karpathy_split_to_2017_file_names_by_coco_id(server, tmp_
     assert by_split(data) == by_split(json.loads((root / "dataset_coco_karpathy.json").read_text()))
     assert json.loads((root / "dataset_coco_karpathy.json").read_text())["images"][0]["filepath"] == "train2014"
     for split in ("train", "val", "test"):
-        assert all(r.path.is_file() for r in read_karpathy(root / "dataset_coco.json", root, split))
+        assert all(r.path.is_file() for r in read_karpathy_splits(root / "dataset_coco.json", root, (split,))[split])
     instances = json.loads((root / "instances_valtest.json").read_text())
     assert sorted(i["id"] for i in instances["images"]) == [7, 8, 9, 11]       # test photos in both 2017 folders
     assert sorted(a["image_id"] for a in instances["annotations"]) == [7, 8, 9, 11]

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 
 from captioner.cli import main, parse_args
+from captioner.commands.evaluate import evaluate_checkpoint
+from captioner.commands.report import run_names, write_report
 from captioner.errors import CaptionerError
-from captioner.evaluation import evaluate
+from captioner.evaluation import caption_metrics
 from captioner.evaluation.caption_metrics import score_captions
-from captioner.evaluation.evaluate import evaluate_checkpoint
 from captioner.training.engine import train
-from captioner.report import run_names, write_report
 from tests.conftest import tiny_config
 from tests.test_reliability import one_line_errors
 
@@ -28,7 +28,7 @@ def quick_scores():
     """Evaluation without the Java tokenizer and METEOR (which take seconds to start): BLEU, ROUGE-L and CIDEr of
     the same captions, which is all these tests compare."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(evaluate, "score_captions",
+        patch.setattr(caption_metrics, "score_captions",
                       lambda references, captions, spice=False: score_captions(references, captions, java=False))
         yield
 
@@ -43,7 +43,7 @@ def trained_run(tiny_coco, tmp_path_factory):
 @pytest.fixture(scope="module")
 def beam2_scores(trained_run, tmp_path_factory):
     """What ``captioner evaluate --beam 2`` writes for the trained run (into a folder of its own)."""
-    return evaluate_checkpoint(trained_run / "best.pt", "test", beam_size=2, out_dir=tmp_path_factory.mktemp("eval"),
+    return evaluate_checkpoint(trained_run / "best.pt", "test", beam=2, out_dir=tmp_path_factory.mktemp("eval"),
                                progress=False)
 
 
@@ -63,7 +63,7 @@ def store_scores(run: Path, scores: dict) -> None:
 
 
 def reported_cider(run: Path, out: Path) -> float:
-    return write_report([run], out, beam_size=2, images=0)["runs"]["run"]["CIDEr"]
+    return write_report([run], out, beam=2, images=0)["runs"]["run"]["CIDEr"]
 
 
 def test_scores_of_the_same_checkpoint_and_decode_settings_are_reused(run, beam2_scores, tmp_path):
@@ -104,7 +104,7 @@ def test_run_names_are_the_shortest_distinct_path_suffixes(tmp_path):
 
 def test_runs_in_folders_of_the_same_name_get_their_own_rows_and_figures(trained_run, tmp_path):
     runs = [Path(shutil.copytree(trained_run, tmp_path / parent / "run")) for parent in ("a", "b")]
-    result = write_report(runs, tmp_path / "report", beam_size=1, images=1)
+    result = write_report(runs, tmp_path / "report", beam=1, images=1)
     assert list(result["runs"]) == ["a/run", "b/run"]
     markdown = (tmp_path / "report" / "report.md").read_text()
     assert "| a/run |" in markdown and "| b/run |" in markdown
@@ -130,7 +130,7 @@ def test_a_partial_last_metrics_line_is_skipped_and_damaged_scores_computed_agai
     scores = run / "scores_test.json"
     scores.write_text('{"BLEU-1": 0.5, "BLE')
     with caplog.at_level(logging.WARNING, logger="captioner"):
-        result = write_report([run], tmp_path / "report", beam_size=2, images=0)
+        result = write_report([run], tmp_path / "report", beam=2, images=0)
     assert f"{metrics}: line {complete_lines + 1} is not JSON (" in caplog.text
     assert f"{scores}: line 1 is not JSON (" in caplog.text
     assert result["runs"]["run"]["CIDEr"] == json.loads(scores.read_text())["CIDEr"]

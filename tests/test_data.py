@@ -10,7 +10,7 @@ import yaml
 
 from captioner.config import DataConfig, defaults, load_config, parse_override
 from captioner.data.dataset import CaptionDataset, EpochSampler, collate
-from captioner.data.readers import read_coco_captions, read_karpathy, read_split
+from captioner.data.readers import read_coco_captions, read_karpathy_splits, read_split
 from captioner.data.text import tokenize
 from captioner.data.vocabulary import Vocabulary
 from captioner.errors import CaptionerError
@@ -181,11 +181,11 @@ def test_karpathy_reader_restval_joins_train(tmp_path):
     ]}
     path = tmp_path / "dataset_coco.json"
     path.write_text(json.dumps(data))
-    train = read_karpathy(path, tmp_path, "train")
+    train = read_karpathy_splits(path, tmp_path, ("train",))["train"]
     assert [r.image_id for r in train] == [11, 12]
     assert train[0].path == tmp_path / "val2014" / "a.jpg"
-    assert [r.image_id for r in read_karpathy(path, tmp_path, "test")] == [13]
-    assert read_karpathy(path, tmp_path, "train", restval="val")[0].image_id == 12
+    assert [r.image_id for r in read_karpathy_splits(path, tmp_path, ("test",))["test"]] == [13]
+    assert read_karpathy_splits(path, tmp_path, ("train",), restval="val")["train"][0].image_id == 12
     config = DataConfig(format="karpathy", karpathy=str(path), image_root=str(tmp_path), restval="train")
     with pytest.raises(CaptionerError, match="no images in split 'val'"):
         read_split(config, "val")

@@ -101,7 +101,7 @@ def test_no_dangling_end_keeps_end_from_following_an_open_word(settings):
 
 def test_n_best_beams_are_sorted_distinct_and_scored_by_the_decoder():
     decoder = lstm()
-    found = beam_search(decoder, features(3), beam_size=5, max_length=6, rules=RULES, n_best=4)
+    found = beam_search(decoder, features(3), beam=5, max_length=6, rules=RULES, n_best=4)
     for generation in found:
         beams = generation.beams
         assert len(beams) == 4 and beams[0].tokens == generation.tokens
@@ -117,24 +117,24 @@ def test_n_best_beams_are_sorted_distinct_and_scored_by_the_decoder():
             token = torch.tensor([word])
         assert total == pytest.approx(beam.log_prob, abs=1e-4)
     torch.set_grad_enabled(True)
-    assert all(g.beams == [] for g in beam_search(decoder, features(3), beam_size=3, max_length=6, rules=RULES))
+    assert all(g.beams == [] for g in beam_search(decoder, features(3), beam=3, max_length=6, rules=RULES))
 
 
 def test_diverse_beam_search_reduces_to_plain_beam_search_and_diversifies():
     decoder = lstm()
-    plain = beam_search(decoder, features(), beam_size=3, max_length=8, rules=RULES)
-    one_group = beam_search(decoder, features(), beam_size=3, max_length=8, rules=RULES, groups=1, diversity=5.0)
+    plain = beam_search(decoder, features(), beam=3, max_length=8, rules=RULES)
+    one_group = beam_search(decoder, features(), beam=3, max_length=8, rules=RULES, groups=1, diversity=5.0)
     for a, b in zip(plain, one_group):                  # one group: the plain search, bit for bit
         assert a.tokens == b.tokens and a.log_prob == b.log_prob
         torch.testing.assert_close(a.attention["alpha"], b.attention["alpha"], rtol=0, atol=0)
     # without the penalty, the groups are three copies of a beam-2 search
-    copies = beam_search(decoder, features(), beam_size=6, max_length=8, rules=RULES, groups=3, diversity=0.0, n_best=6)
-    small = beam_search(decoder, features(), beam_size=2, max_length=8, rules=RULES, n_best=2)
+    copies = beam_search(decoder, features(), beam=6, max_length=8, rules=RULES, groups=3, diversity=0.0, n_best=6)
+    small = beam_search(decoder, features(), beam=2, max_length=8, rules=RULES, n_best=2)
     for a, b in zip(copies, small):
         assert [x.tokens for x in a.beams[::3]] == [x.tokens for x in b.beams]
         assert [x.tokens for x in a.beams] == [x.tokens for x in b.beams for _ in range(3)]
     # with it, the groups' first words differ
-    diverse = beam_search(decoder, features(), beam_size=3, max_length=8, rules=RULES, groups=3, diversity=100.0, n_best=3)
+    diverse = beam_search(decoder, features(), beam=3, max_length=8, rules=RULES, groups=3, diversity=100.0, n_best=3)
     for generation in diverse:
         firsts = [b.tokens[0] for b in generation.beams if b.tokens]
         assert len(set(firsts)) == len(firsts)
@@ -192,7 +192,7 @@ def test_a_mixed_ensemble_averages_probabilities():
     b, _, _ = other.step(tokens, other.init_state(features(2)))
     torch.testing.assert_close(mixed.exp(), (a.exp() + b.exp()) / 2)
     torch.testing.assert_close(attention["alpha"], alpha["alpha"])            # the first member's maps
-    assert len(beam_search(ensemble, features(3), beam_size=2, max_length=5, rules=RULES)) == 3
+    assert len(beam_search(ensemble, features(3), beam=2, max_length=5, rules=RULES)) == 3
 
 
 def test_diversity_measures_by_hand():

@@ -8,10 +8,9 @@ from pathlib import Path
 
 import torch
 
-from captioner.checkpoint import load_checkpoint
+from captioner.checkpoint import build_model, load_checkpoint
 from captioner.config import save_config
 from captioner.data.dataset import EpochSampler
-from captioner.models.captioner import build_model
 from captioner.training.engine import train
 from captioner.utils import seed_everything
 from tests.conftest import tiny_config

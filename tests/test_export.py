@@ -15,9 +15,9 @@ from PIL import Image
 from captioner import Predictor
 from captioner.checkpoint import load_checkpoint
 from captioner.cli import main
+from captioner.commands.evaluate import evaluate_checkpoint
+from captioner.commands.export import export_checkpoint
 from captioner.errors import CaptionerError
-from captioner.evaluation.evaluate import evaluate_checkpoint
-from captioner.export import package
 from captioner.export.folder import FORMAT_VERSION
 from captioner.serve.checkpoints import load_served_models
 from captioner.training.engine import train
@@ -126,7 +126,7 @@ def test_the_weights_are_safetensors_tied_weights_stored_once(served_checkpoints
 def test_half_precision_exports_halve_the_weights_and_caption_within_tolerance(served_checkpoints, exports, images,
                                                                                tmp_path, dtype, same, tolerance):
     folder = tmp_path / dtype
-    package.export_checkpoint(served_checkpoints["soft"], folder, dtype=dtype)
+    export_checkpoint(served_checkpoints["soft"], folder, dtype=dtype)
     full = (exports["soft"] / "model.safetensors").stat().st_size
     assert (folder / "model.safetensors").stat().st_size < 0.55 * full
     expected = Predictor.load(served_checkpoints["soft"], beam=3).caption(images)
@@ -175,7 +175,7 @@ def test_a_changed_damaged_or_foreign_export_is_one_line(exports, images, tmp_pa
 def test_onnx_runtime_needs_an_export_with_graphs(served_checkpoints, exports, images, tmp_path, capsys):
     assert main(["caption", str(images[0]), "--checkpoint", served_checkpoints["soft"], "--runtime", "onnx"]) == 1
     assert "runtime onnx needs an export folder made with --onnx" in one_line_error(capsys)
-    package.export_checkpoint(served_checkpoints["soft"], tmp_path / "plain")
+    export_checkpoint(served_checkpoints["soft"], tmp_path / "plain")
     assert main(["caption", str(images[0]), "--checkpoint", str(tmp_path / "plain"), "--runtime", "onnx"]) == 1
     assert "exported without ONNX graphs" in one_line_error(capsys)
     assert main(["caption", str(images[0]), "--checkpoint", str(exports["soft"]), "--runtime", "onnx",
@@ -215,7 +215,7 @@ def evaluated_run(tiny_coco, tmp_path_factory):
     root = tmp_path_factory.mktemp("carded")
     result = train(tiny_config(tiny_coco, root / "run", train={"epochs": 1}), progress=False)
     scores = evaluate_checkpoint(result["checkpoint"], "test", progress=False)
-    package.export_checkpoint(result["checkpoint"], root / "shared-model", overrides=["decode.beam=2"])
+    export_checkpoint(result["checkpoint"], root / "shared-model", overrides=["decode.beam=2"])
     return Path(result["checkpoint"]), root / "shared-model", scores
 
 
@@ -243,14 +243,14 @@ def test_the_card_leaves_out_scores_of_another_checkpoint(evaluated_run, tmp_pat
     shutil.copytree(checkpoint.parent, run)
     scores = json.loads((run / "scores_test.json").read_text())
     (run / "scores_test.json").write_text(json.dumps({**scores, "checkpoint_sha256": ["0" * 64]}))
-    package.export_checkpoint(run / "best.pt", tmp_path / "export")
+    export_checkpoint(run / "best.pt", tmp_path / "export")
     body = (tmp_path / "export" / "README.md").read_text()
     assert "No `captioner evaluate` scores of this checkpoint were found" in body and "| test |" not in body
 
 
 def test_every_command_takes_an_export_folder(evaluated_run, tiny_coco, tmp_path, capsys):
     checkpoint, folder, scores = evaluated_run
-    again = evaluate_checkpoint(folder, "test", progress=False, beam_size=scores["beam"])
+    again = evaluate_checkpoint(folder, "test", progress=False, beam=scores["beam"])
     assert {k: again[k] for k in ("BLEU-4", "CIDEr", "images")} == {k: scores[k] for k in ("BLEU-4", "CIDEr", "images")}
     assert (folder / "scores_test.json").exists()        # written into the export, which is its own folder
     image = next((tiny_coco / "images" / "test").glob("*.png"))

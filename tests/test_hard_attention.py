@@ -8,6 +8,7 @@ from captioner.decoding.search import TokenRules, beam_search, greedy
 from captioner.errors import CaptionerError
 from captioner.models.lstm_decoder import LSTMDecoder, LSTMDecoderConfig
 from captioner.training.losses import HardAttentionLoss
+from tests.conftest import padded_logits
 
 START, END = 1, 2
 RULES = TokenRules(START, END)
@@ -85,7 +86,7 @@ def test_reinforce_gradient_reaches_attention_and_reward_is_detached():
     assert grad_out is None or grad_out.abs().sum() == 0
     # REINFORCE by hand: -(reward - b) * sum_t log alpha_t[s_t], over real words.
     mask = targets != 0
-    reward = -torch.nn.functional.cross_entropy(out.padded_logits(mask).transpose(1, 2), targets,
+    reward = -torch.nn.functional.cross_entropy(padded_logits(out, mask).transpose(1, 2), targets,
                                                 reduction="none").mul(mask).sum(1)
     manual = -((reward.detach() + 5.0) * (out.log_prob_location * mask).sum(1)).sum() / mask.sum()
     torch.testing.assert_close(loss["reinforce"], manual)
@@ -115,7 +116,7 @@ def test_per_word_reward_is_the_log_likelihood_divided_by_caption_length():
     sequence = hard_loss()(out, targets)["reward"]
     per_word = hard_loss(hard_reward="per_word")(out, targets)["reward"]
     # rewards are reported as the batch mean; recompute both from the logits
-    log_probs = torch.log_softmax(out.padded_logits(targets != 0), -1)
+    log_probs = torch.log_softmax(padded_logits(out, targets != 0), -1)
     token_log_probs = log_probs.gather(2, targets.unsqueeze(2)).squeeze(2) * (targets != 0)
     lengths = (targets != 0).sum(1)
     assert sequence.item() == pytest.approx(token_log_probs.sum(1).mean().item(), rel=1e-5)
@@ -191,7 +192,7 @@ def test_argmax_decoding_gives_one_hot_per_word_and_beam_one_equals_greedy():
     decoder = make_hard().eval()
     features = torch.randn(4, 6, 6)
     generations = greedy(decoder, features, max_length=6, rules=RULES)
-    beams = beam_search(decoder, features, beam_size=1, max_length=6, rules=RULES)
+    beams = beam_search(decoder, features, beam=1, max_length=6, rules=RULES)
     for g, b in zip(generations, beams):
         chosen = g.attention["chosen"]
         assert chosen.shape == (len(g.tokens), 6)

@@ -14,7 +14,7 @@ from captioner.models.transformer_decoder import (
     TransformerDecoderConfig,
 )
 from captioner.training.losses import caption_loss
-from tests.conftest import memorise
+from tests.conftest import memorise, padded_logits
 
 START, END = 1, 2
 RULES = TokenRules(START, END)
@@ -83,7 +83,7 @@ def test_teacher_forced_batch_equals_each_caption_alone(kind):
         for row in range(5):
             n = int((captions[row, 1:] != 0).sum())
             alone = decoder(features[row : row + 1], captions[row : row + 1, : n + 1])
-            logits = together.padded_logits(captions[:, 1:] != 0)
+            logits = padded_logits(together, captions[:, 1:] != 0)
             torch.testing.assert_close(logits[row, :n], alone.logits, rtol=1e-5, atol=1e-5)
             torch.testing.assert_close(together.alpha[row, :n], alone.alpha[0], rtol=1e-5, atol=1e-6)
             assert together.alpha[row, n:].eq(0).all()
@@ -122,7 +122,7 @@ def test_loss_ignores_padding():
     mask = captions[:, 1:] != 0
     out = decoder(features, captions)
     packed = caption_loss(out.logits, captions[:, 1:], out.alpha, 1.0)
-    garbage = out.padded_logits(mask).masked_fill(~mask.unsqueeze(-1), 100.0)   # whatever sits at padding
+    garbage = padded_logits(out, mask).masked_fill(~mask.unsqueeze(-1), 100.0)   # whatever sits at padding
     torch.testing.assert_close(caption_loss(garbage, captions[:, 1:], out.alpha, 1.0)["loss"], packed["loss"])
     assert int(packed["words"]) == 4 + 2 + 6 and out.logits.shape[0] == 12
 
@@ -193,7 +193,7 @@ def test_beam_one_equals_greedy(score):
     decoder = make_decoder(score).eval()
     features = torch.randn(6, 12, 16)
     g = greedy(decoder, features, max_length=12, rules=RULES)
-    b = beam_search(decoder, features, beam_size=1, max_length=12, rules=RULES)
+    b = beam_search(decoder, features, beam=1, max_length=12, rules=RULES)
     for x, y in zip(g, b):
         assert x.tokens == y.tokens
         assert x.log_prob == pytest.approx(y.log_prob, abs=1e-5)
@@ -203,9 +203,9 @@ def test_beam_one_equals_greedy(score):
 def test_batched_beam_equals_one_at_a_time():
     decoder = make_decoder().eval()
     features = torch.randn(5, 12, 16)
-    together = beam_search(decoder, features, beam_size=3, max_length=10, rules=RULES)
+    together = beam_search(decoder, features, beam=3, max_length=10, rules=RULES)
     for i in range(5):
-        (alone,) = beam_search(decoder, features[i : i + 1], beam_size=3, max_length=10, rules=RULES)
+        (alone,) = beam_search(decoder, features[i : i + 1], beam=3, max_length=10, rules=RULES)
         assert alone.tokens == together[i].tokens
         assert alone.log_prob == pytest.approx(together[i].log_prob, abs=1e-4)
         assert alone.attention["alpha"].shape == (len(alone.tokens), 12)
@@ -242,11 +242,11 @@ def test_images_leave_the_beam_search_when_done_and_get_the_answers_of_a_search_
         return paced.step(tokens, state)
 
     counted = SimpleNamespace(init_state=paced.init_state, step=step, fixed_state=paced.fixed_state)
-    together = beam_search(counted, features, beam_size=3, max_length=14, rules=RULES, n_best=3)
+    together = beam_search(counted, features, beam=3, max_length=14, rules=RULES, n_best=3)
     assert len({len(g.tokens) for g in together}) > 2            # the images finish at different steps
     assert rows[0] == 18 and rows == sorted(rows, reverse=True) and len(set(rows)) > 2   # and leave as they do
     for i, generation in enumerate(together):
-        (alone,) = beam_search(paced, features[i : i + 1], beam_size=3, max_length=14, rules=RULES, n_best=3)
+        (alone,) = beam_search(paced, features[i : i + 1], beam=3, max_length=14, rules=RULES, n_best=3)
         assert [b.tokens for b in alone.beams] == [b.tokens for b in generation.beams]
         assert [b.log_prob for b in alone.beams] == pytest.approx([b.log_prob for b in generation.beams], abs=1e-5)
         torch.testing.assert_close(alone.attention["alpha"], generation.attention["alpha"])
@@ -273,8 +273,8 @@ def test_beam_search_keeps_one_fixed_state_per_image_and_matches_one_per_hypothe
     features = torch.randn(4, 12, 16)
     watched = SimpleNamespace(init_state=decoder.init_state, step=step, fixed_state=decoder.fixed_state)
     reorders_all = SimpleNamespace(init_state=decoder.init_state, step=decoder.step)   # no fixed_state
-    kept = beam_search(watched, features, beam_size=3, max_length=10, rules=RULES)
-    reordered = beam_search(reorders_all, features, beam_size=3, max_length=10, rules=RULES)
+    kept = beam_search(watched, features, beam=3, max_length=10, rules=RULES)
+    reordered = beam_search(reorders_all, features, beam=3, max_length=10, rules=RULES)
     assert len(fixed_addresses) > 2       # never copied, except when finished images leave the search
     assert all(a == b for (rows_a, a), (rows_b, b) in zip(fixed_addresses, fixed_addresses[1:]) if rows_a == rows_b)
     for a, b in zip(kept, reordered):   # one row of regions per image, or one per hypothesis: the same search
@@ -287,7 +287,7 @@ def test_beam_finds_at_least_greedy_probability_and_attention_per_word():
     decoder = make_decoder().eval()
     features = torch.randn(8, 12, 16)
     g = greedy(decoder, features, max_length=10, rules=RULES)
-    b = beam_search(decoder, features, beam_size=4, max_length=10, rules=RULES)
+    b = beam_search(decoder, features, beam=4, max_length=10, rules=RULES)
     for x, y in zip(g, b):
         if END in x.tokens or len(x.tokens) < 10:  # greedy finished: beam's best can only be as good or better
             assert y.log_prob >= x.log_prob - 1e-5

@@ -6,9 +6,8 @@ import pytest
 import torch
 from conftest import tiny_config
 
-from captioner.checkpoint import load_checkpoint
+from captioner.checkpoint import build_model, load_checkpoint
 from captioner.config import load_config
-from captioner.models.captioner import build_model
 from captioner.training import precision
 from captioner.training.engine import train
 from captioner.training.losses import build_loss

@@ -43,6 +43,23 @@ def test_batched_equals_one_by_one_and_a_pil_image_equals_its_file(served_checkp
         torch.testing.assert_close(alone.attention["alpha"], result.attention["alpha"], atol=1e-5, rtol=1e-5)
 
 
+def test_caption_is_its_three_steps_and_each_can_be_overridden(served_checkpoints, images):
+    predictor = Predictor.load(served_checkpoints["soft"], beam=2)
+    pixels = torch.stack([predictor.preprocess(path) for path in images[:2]])
+    assert pixels.shape == (2, 3, *predictor.image_size) and 0 <= pixels.min() and pixels.max() <= 1
+    by_steps = [predictor.postprocess(g, path) for g, path in zip(predictor.forward(pixels, map(str, images[:2])), images)]
+    assert [r.caption for r in by_steps] == [r.caption for r in predictor.caption(images[:2])]
+
+    class Shouting(Predictor):
+        def postprocess(self, generation, path=None):
+            result = super().postprocess(generation, path)
+            result.caption = result.caption.upper()
+            return result
+
+    shouted = Shouting(predictor.model, predictor.vocab, predictor.config, settings=predictor.settings)
+    assert [r.caption for r in shouted.caption(images[:2])] == [r.caption.upper() for r in by_steps]
+
+
 def test_an_unreadable_file_is_named_and_the_others_are_captioned(served_checkpoints, images, tmp_path):
     broken = tmp_path / "broken.png"
     broken.write_bytes(b"not an image")

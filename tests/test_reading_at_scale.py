@@ -12,7 +12,7 @@ import pytest
 from captioner.config import DataConfig
 from captioner.data import readers
 from captioner.data.dataset import CaptionDataset
-from captioner.data.readers import read_karpathy, read_split, read_splits
+from captioner.data.readers import read_karpathy_splits, read_split, read_splits
 from captioner.data.vocabulary import Vocabulary, vocabulary_report
 from captioner.errors import CaptionerError
 from captioner.evaluation import grounding
@@ -55,7 +55,7 @@ def test_a_bad_sentence_is_named_when_its_split_is_read_and_only_then(tmp_path, 
     config = karpathy(tmp_path, [entry(1, "train", "a dog"), bad])
     assert [r.image_id for r in read_split(config, "train")] == [1]
     with pytest.raises(CaptionerError, match=message):
-        read_karpathy(config.karpathy, tmp_path, "test")
+        read_karpathy_splits(config.karpathy, tmp_path, ("test",))["test"]
 
 
 def test_the_vocabulary_report_counts_as_the_vocabulary_builds(tmp_path):

@@ -24,11 +24,10 @@ import torch
 import yaml
 from PIL import Image
 
-from captioner.checkpoint import load_checkpoint, load_model, model_and_loss_states, save_checkpoint
+from captioner.checkpoint import build_model, load_checkpoint, load_model, model_and_loss_states, save_checkpoint
 from captioner.cli import main
 from captioner.config import complete, load_config, save_config
 from captioner.errors import CaptionerError
-from captioner.models.captioner import build_model
 from captioner.predictor import Predictor
 from captioner.training import engine
 from captioner.training.engine import train

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from captioner.checkpoint import load_checkpoint
+from captioner.checkpoint import build_model, load_checkpoint
 from captioner.cli import main
 from captioner.config import save_config
 from captioner.data import feature_cache
@@ -18,7 +18,6 @@ from captioner.data.feature_cache import FeatureCache, build_feature_cache, cach
 from captioner.data.images import image_transform
 from captioner.data.readers import read_split
 from captioner.errors import CaptionerError
-from captioner.models.captioner import build_model
 from captioner.training.distributed import World
 from captioner.training.engine import prepare_feature_cache, train
 from captioner import utils

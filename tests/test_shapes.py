@@ -31,12 +31,19 @@ from captioner.errors import CaptionerError
 from captioner.evaluation.shapes_metrics import (
     Mention,
     Relation,
-    load_shapes_objects,
     object_precision,
     parse_caption,
     relation_accuracy,
+    shapes_objects,
     shapes_scores,
 )
+from captioner.utils import read_json
+
+
+def load_shapes_objects(instances_file):
+    """The shapes objects of an ``instances_*.json`` file, as evaluation reads them."""
+    return shapes_objects(read_json(instances_file), instances_file)
+
 
 NUM_IMAGES = 60
 SPLITS = ("train", "val", "test")

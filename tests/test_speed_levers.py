@@ -130,5 +130,5 @@ def test_a_compiled_decoding_step_gives_the_same_captions(make):
     compiled = copy.deepcopy(eager)
     assert compile_decoder(compiled, targets=("step",))
     features = torch.randn(3, 12, 16, generator=torch.Generator().manual_seed(2))
-    for a, b in zip(*(beam_search(d, features, beam_size=3, max_length=6, rules=TokenRules(1, 2)) for d in (eager, compiled))):
+    for a, b in zip(*(beam_search(d, features, beam=3, max_length=6, rules=TokenRules(1, 2)) for d in (eager, compiled))):
         assert a.tokens == b.tokens and a.log_prob == pytest.approx(b.log_prob, abs=1e-4)

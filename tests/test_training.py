@@ -2,25 +2,29 @@
 gradients, the feature cache, and the CLI around them."""
 
 import dataclasses
+import io
 import json
 import os
+import re
 import shutil
 import signal
+import subprocess
+import sys
 
 import pytest
 import torch
 
-from captioner.checkpoint import load_checkpoint
+from captioner.checkpoint import build_model, load_checkpoint
 from captioner.cli import main
 from captioner.config import load_config, save_config
 from captioner.data.feature_cache import FeatureCache, build_feature_cache
 from captioner.data.images import image_transform, load_image
 from captioner.data.readers import read_split
 from captioner.errors import CaptionerError
-from captioner.models.captioner import build_model
 from captioner.training import engine
 from captioner.training.engine import train
 from captioner.training.losses import caption_loss
+from captioner.utils import progress_bar
 from captioner.visualisation import attention_figure
 from tests.conftest import tiny_config
 
@@ -47,6 +51,38 @@ def test_train_writes_run_directory(tiny_coco, tmp_path):
     assert {"model", "optimizer", "scheduler", "progress", "rng", "vocab", "config"} <= payload.keys()
     with pytest.raises(CaptionerError, match="already holds a run"):
         train(tiny_config(tiny_coco, run))
+
+
+def test_a_train_log_written_to_a_file_holds_no_per_batch_progress(tiny_coco, tmp_path):
+    save_config(tiny_config(tiny_coco, tmp_path / "run"), tmp_path / "config.yaml")
+    log = tmp_path / "train.log"
+    with log.open("w") as out:          # as `captioner train ... > train.log 2>&1` (or nohup, or CI) writes it
+        done = subprocess.run([sys.executable, "-m", "captioner", "train", str(tmp_path / "config.yaml")],
+                              stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    text = log.read_text()
+    assert done.returncode == 0, text
+    assert "\r" not in text and not re.search(r"\d+/\d+ batch|batch/s|it/s", text), text
+    assert re.search(r"^epoch 1/2: .*BLEU-4", text, re.M) and re.search(r"^epoch 2/2: ", text, re.M)   # one a epoch
+
+
+def test_progress_bars_redraw_on_a_terminal_and_write_whole_lines_elsewhere():
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    terminal, log_file = Terminal(), io.StringIO()
+    for _ in progress_bar(range(5), file=terminal, desc="epoch 1/2", unit="batch", mininterval=0):
+        pass
+    assert "\r" in terminal.getvalue() and "5/5" in terminal.getvalue()
+    for _ in progress_bar(range(5), file=log_file, desc="epoch 1/2", unit="batch", mininterval=0):
+        pass
+    lines = log_file.getvalue()
+    assert "\r" not in lines and lines.splitlines()[0].startswith("epoch 1/2: 1/5 batch [")
+    assert lines.splitlines()[-1].startswith("epoch 1/2: 5/5 batch [")
+    quiet = io.StringIO()
+    for _ in progress_bar(range(5), file=quiet, show=False):
+        pass
+    assert quiet.getvalue() == ""
 
 
 def test_overwrite_replaces_a_run_only_once_the_new_one_can_start(tiny_coco, tmp_path):

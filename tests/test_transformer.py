@@ -13,7 +13,7 @@ from captioner.models.transformer_decoder import (
     TransformerDecoder,
     TransformerDecoderConfig,
 )
-from tests.conftest import memorise
+from tests.conftest import memorise, padded_logits
 
 START, END = 1, 2
 RULES = TokenRules(START, END)
@@ -56,7 +56,7 @@ def test_causal_mask_does_not_leak():
     changed[:, 4] = torch.tensor([5, 7])
     with torch.no_grad():
         mask = captions[:, 1:] != 0
-        before, after = (decoder(features, c).padded_logits(mask) for c in (captions, changed))
+        before, after = (padded_logits(decoder(features, c), mask) for c in (captions, changed))
     torch.testing.assert_close(after[:, :4], before[:, :4], rtol=0, atol=0)
     assert not torch.allclose(after[:, 4], before[:, 4])
 
@@ -76,7 +76,7 @@ def test_padding_does_not_change_real_positions():
         for row, n in enumerate(lengths):
             alone = decoder(features[row : row + 1], captions[row : row + 1, : n + 2])
             for out, shown in ((padded, captions), (more_padding, extended), (noisy, noise)):
-                logits = out.padded_logits(shown[:, 1:] != 0)
+                logits = padded_logits(out, shown[:, 1:] != 0)
                 torch.testing.assert_close(logits[row, : n + 1], alone.logits, rtol=1e-5, atol=1e-5)
                 torch.testing.assert_close(out.alpha[row, : n + 1], alone.alpha[0], rtol=1e-5, atol=1e-5)
     assert torch.isfinite(padded.logits).all()
@@ -92,7 +92,7 @@ def test_incremental_decoding_equals_forward(options, use_cache):
     order = torch.tensor([2, 0, 3, 1])
     with torch.no_grad():
         out = decoder(features, captions)
-        expected_log_probs = out.padded_logits(captions[:, 1:] != 0).log_softmax(-1)
+        expected_log_probs = padded_logits(out, captions[:, 1:] != 0).log_softmax(-1)
         state = decoder.init_state(features, use_cache=use_cache)
         rows = torch.arange(4)
         for t in range(captions.shape[1] - 1):
@@ -108,7 +108,7 @@ def test_incremental_decoding_equals_forward(options, use_cache):
 def test_searches_with_and_without_cache_agree():
     decoder = make_decoder()
     features = torch.randn(3, 6, DIM)
-    for search in (partial(greedy), partial(beam_search, beam_size=3)):
+    for search in (partial(greedy), partial(beam_search, beam=3)):
         cached = search(decoder, features, max_length=8, rules=RULES)
         uncached = search(without_cache(decoder), features, max_length=8, rules=RULES)
         for a, b in zip(cached, uncached):
@@ -120,11 +120,11 @@ def test_beam_of_one_is_greedy_and_batch_equals_single_images():
     features = torch.randn(4, 6, DIM)
     kw = dict(max_length=8, rules=RULES)
     greedy_out = greedy(decoder, features, **kw)
-    for a, b in zip(greedy_out, beam_search(decoder, features, beam_size=1, **kw)):
+    for a, b in zip(greedy_out, beam_search(decoder, features, beam=1, **kw)):
         assert a.tokens == b.tokens and a.log_prob == pytest.approx(b.log_prob, abs=1e-5)
-    batched = beam_search(decoder, features, beam_size=3, **kw)
+    batched = beam_search(decoder, features, beam=3, **kw)
     for row, hypothesis in enumerate(batched):
-        assert_same_generation(hypothesis, beam_search(decoder, features[row : row + 1], beam_size=3, **kw)[0])
+        assert_same_generation(hypothesis, beam_search(decoder, features[row : row + 1], beam=3, **kw)[0])
 
 
 def test_packed_teacher_forcing_equals_the_padded_pass_at_every_real_position():

@@ -595,9 +595,8 @@ def _write_outputs(root: Path, year: int, split: str, images: list[dict]) -> dic
 # ---------------------------------------------------------------------------------------------- the command
 
 
-def setup_coco(root: str | Path, year: int = 2014, split: str = "karpathy", keep_zips: bool = False,
-               karpathy_file: str | Path | None = None) -> dict:
-    """Run the steps of the module docstring in ``root``; returns what each did (see :func:`format_summary`)."""
+def _check_setup_arguments(year: int, split: str, karpathy_file: str | Path | None) -> None:
+    """Refuse a year, split or split file that do not go together, before anything is downloaded."""
     if year not in (2014, 2017):
         raise CaptionerError(f"--year {year}: COCO captions come in 2014 and 2017")
     if split not in ("karpathy", "official"):
@@ -607,6 +606,24 @@ def setup_coco(root: str | Path, year: int = 2014, split: str = "karpathy", keep
                              "val2017 as test): pass --year 2017, or use --split karpathy with 2014")
     if karpathy_file and split != "karpathy":
         raise CaptionerError("--karpathy-file is for --split karpathy; --split official needs no split file")
+
+
+def _run_step(root: Path, step, year: int, keep_zips: bool, result: dict) -> None:
+    """Verify or fetch and unpack one zip of the plan (:func:`_plan`), recording what it did in ``result``."""
+    key = step.folder or "annotations"
+    if step.done:
+        result["images"][key] = {"status": "verified", "count": step.found}
+        return
+    fetched = _fetch_zip(root, step, keep_zips)
+    result["downloaded_bytes"] += fetched["downloaded_bytes"]
+    found = count_jpgs(root / step.folder) if step.folder else len(annotation_files(year))
+    result["images"][key] = {"status": "unpacked", "count": found, "source": fetched["source"]}
+
+
+def setup_coco(root: str | Path, year: int = 2014, split: str = "karpathy", keep_zips: bool = False,
+               karpathy_file: str | Path | None = None) -> dict:
+    """Run the steps of the module docstring in ``root``; returns what each did (see :func:`format_summary`)."""
+    _check_setup_arguments(year, split, karpathy_file)
     root = Path(root)
     if root.exists() and not root.is_dir():
         raise CaptionerError(f"{root}: a file, not a folder (--root)")
@@ -626,14 +643,7 @@ def setup_coco(root: str | Path, year: int = 2014, split: str = "karpathy", keep
         result["split_source"] = source
 
     for step in steps:
-        key = step.folder or "annotations"
-        if step.done:
-            result["images"][key] = {"status": "verified", "count": step.found}
-            continue
-        fetched = _fetch_zip(root, step, keep_zips)
-        result["downloaded_bytes"] += fetched["downloaded_bytes"]
-        found = count_jpgs(root / step.folder) if step.folder else len(annotation_files(year))
-        result["images"][key] = {"status": "unpacked", "count": found, "source": fetched["source"]}
+        _run_step(root, step, year, keep_zips, result)
     leftover = [root / "downloads" / s.name for s in steps if s.done and (root / "downloads" / s.name).is_file()]
     if leftover and not keep_zips:
         result["leftover_zips"] = [str(p) for p in leftover]

@@ -20,9 +20,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from tqdm import tqdm
-
 from captioner.errors import CaptionerError
+from captioner.utils import progress_bar
 
 log = logging.getLogger(__name__)
 
@@ -62,12 +61,13 @@ def _content_range_total(value: str | None) -> tuple[int | None, int | None]:
     return first, (int(match.group(2)) if match.group(2) != "*" else None)
 
 
-def download(url: str, dest: str | Path, *, progress: bool | None = None) -> Path:
+def download(url: str, dest: str | Path, *, progress: bool = True) -> Path:
     """Download ``url`` to ``dest`` (resumably, see the module docstring) and return ``dest``.
 
-    ``dest`` already present is taken as complete (it only ever appears whole). ``progress``: a tqdm bar
-    (None: only on a terminal). The body's length is checked against Content-Length (or Content-Range) when
-    the server sends one. Raises :class:`DownloadError` naming the URL and the reason.
+    ``dest`` already present is taken as complete (it only ever appears whole). ``progress``: a progress bar
+    (:func:`~captioner.utils.progress_bar`: on a terminal; elsewhere a line a minute). The body's length is checked
+    against Content-Length (or Content-Range) when the server sends one. Raises :class:`DownloadError` naming the
+    URL and the reason.
     """
     dest = Path(dest)
     if dest.exists():
@@ -90,21 +90,12 @@ def download(url: str, dest: str | Path, *, progress: bool | None = None) -> Pat
                         log.info("%s: the server ignored the range; downloading it again from the start", url)
                         offset = 0
                     if bar is None:
-                        bar = tqdm(total=total, initial=offset, unit="B", unit_scale=True, unit_divisor=1024,
-                                   desc=dest.name, disable=None if progress is None else not progress, leave=False)
+                        bar = progress_bar(total=total, initial=offset, unit="B", unit_scale=True, unit_divisor=1024,
+                                           desc=dest.name, show=progress, leave=False)
                     else:
                         bar.reset(total=total)
                         bar.update(offset)
-                    with part.open("ab" if append else "wb") as out:
-                        while True:
-                            try:
-                                block = response.read(CHUNK)
-                            except (http.client.IncompleteRead, OSError) as err:
-                                raise _Cut(str(err) or type(err).__name__) from None
-                            if not block:
-                                break
-                            out.write(block)
-                            bar.update(len(block))
+                    _copy_body(response, part, append, bar)
                     size = part.stat().st_size
                     if total is not None and size != total:
                         raise _Cut(f"{size:,} of {total:,} bytes received")
@@ -123,21 +114,43 @@ def download(url: str, dest: str | Path, *, progress: bool | None = None) -> Pat
                 reason = f"connection cut ({err})"
             except (urllib.error.URLError, http.client.HTTPException, OSError) as err:
                 reason = str(getattr(err, "reason", None) or err) or type(err).__name__
-            size = part.stat().st_size if part.exists() else 0
-            if size > furthest:     # progress: resume at once, and the count of failures in a row starts again
-                furthest, failures = size, 0
-                log.warning("%s: %s, %s bytes in; resuming", url, reason, f"{size:,}")
-                continue
-            failures += 1
-            if failures >= RETRIES:
-                raise DownloadError(url, f"{reason} ({failures} attempts in a row; run again to resume from "
-                                         f"the {size:,} bytes in {part})")
-            delay = BACKOFF_S * 2 ** (failures - 1)
-            log.warning("%s: %s; retrying in %.0f s", url, reason, delay)
-            time.sleep(delay)
+            failures, furthest = _after_failure(url, part, reason, failures, furthest)
     finally:
         if bar is not None:
             bar.close()
+
+
+def _copy_body(response, part: Path, append: bool, bar) -> None:
+    """The body of ``response`` appended to ``part`` (``append``) or written over it, CHUNK bytes at a time,
+    counted on the progress ``bar``; raises :class:`_Cut` when the connection breaks off."""
+    with part.open("ab" if append else "wb") as out:
+        while True:
+            try:
+                block = response.read(CHUNK)
+            except (http.client.IncompleteRead, OSError) as err:
+                raise _Cut(str(err) or type(err).__name__) from None
+            if not block:
+                return
+            out.write(block)
+            bar.update(len(block))
+
+
+def _after_failure(url: str, part: Path, reason: str, failures: int, furthest: int) -> tuple[int, int]:
+    """``(failures in a row, furthest size of part)`` after an attempt failed for ``reason``: when ``part`` grew
+    past ``furthest`` (progress), resume at once and the count of failures in a row starts again; else wait
+    ``BACKOFF_S * 2**(failures - 1)`` s. Raises :class:`DownloadError` after ``RETRIES`` failures in a row."""
+    size = part.stat().st_size if part.exists() else 0
+    if size > furthest:
+        log.warning("%s: %s, %s bytes in; resuming", url, reason, f"{size:,}")
+        return 0, size
+    failures += 1
+    if failures >= RETRIES:
+        raise DownloadError(url, f"{reason} ({failures} attempts in a row; run again to resume from "
+                                 f"the {size:,} bytes in {part})")
+    delay = BACKOFF_S * 2 ** (failures - 1)
+    log.warning("%s: %s; retrying in %.0f s", url, reason, delay)
+    time.sleep(delay)
+    return failures, furthest
 
 
 def _expected_total(response, offset: int, url: str) -> tuple[int | None, bool]:

@@ -25,12 +25,11 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
-from tqdm import tqdm
 
 from captioner.data.images import load_image
 from captioner.data.readers import ImageRecord
 from captioner.errors import CaptionerError, ImageError
-from captioner.utils import read_json, write_file
+from captioner.utils import progress_bar, read_json, write_file
 
 PENDING, WRITTEN, FAILED = 0, 1, 2
 
@@ -87,7 +86,7 @@ def build_feature_cache(encoder, records: Sequence[ImageRecord], out_dir: str | 
     device = next(encoder.parameters()).device
     encoder.eval()
     written = 0
-    bar = tqdm(total=len(ids), initial=skipped, desc="caching features", unit="img", disable=not progress)
+    bar = progress_bar(total=len(ids), initial=skipped, desc="caching features", unit="img", show=progress)
     with torch.inference_mode():
         for indices, images, bad in loader:
             rows = [todo[i] for i in indices]

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -89,15 +88,6 @@ def read_coco_captions(captions_file: str | Path, images_dir: str | Path, split:
     return records
 
 
-def read_karpathy(split_file: str | Path, image_root: str | Path, split: str, restval: str = "train") -> list[ImageRecord]:
-    """Karpathy split files (``dataset_coco.json``, ``dataset_flickr8k.json``, ``dataset_flickr30k.json``).
-
-    ``restval`` images join the split named by ``restval`` (train by default). Image ids are COCO ids
-    where the file has them (``cocoid``), else the file's ``imgid``.
-    """
-    return read_karpathy_splits(split_file, image_root, (split,), restval)[split]
-
-
 def _sentence_text(item: dict) -> dict | tuple[str]:
     """A Karpathy file's objects as they are parsed: a sentence becomes ``(raw,)``, the rest stays. Its ``tokens``
     (unused here) would otherwise be most of the parsed file's memory, and scattered among the captions kept."""
@@ -107,7 +97,12 @@ def _sentence_text(item: dict) -> dict | tuple[str]:
 
 def read_karpathy_splits(split_file: str | Path, image_root: str | Path, splits: Sequence[str],
                          restval: str = "train") -> dict[str, list[ImageRecord]]:
-    """:func:`read_karpathy` of several splits, the file parsed once: ``{split: records}``."""
+    """The records of ``splits`` of a Karpathy split file (``dataset_coco.json``, ``dataset_flickr8k.json``,
+    ``dataset_flickr30k.json``), the file parsed once: ``{split: records}``.
+
+    ``restval`` images join the split named by ``restval`` (train by default). Image ids are COCO ids
+    where the file has them (``cocoid``), else the file's ``imgid``.
+    """
     split_file, image_root = Path(split_file), Path(image_root)
     data = read_json(split_file, object_hook=_sentence_text)
     _require(data, ("images",), str(split_file))
@@ -183,11 +178,3 @@ def available_splits(data_config: DataConfig) -> list[str]:
                  for entry in data["images"] if isinstance(entry, dict)}
         return [split for split in SPLITS if split in found]
     return [split for split in SPLITS if split in data_config.captions and split in data_config.images]
-
-
-def group_by_image(records: list[ImageRecord]) -> dict[int, list[str]]:
-    """``{image_id: [captions]}`` (the references for evaluation)."""
-    out: dict[int, list[str]] = defaultdict(list)
-    for record in records:
-        out[record.image_id].extend(record.captions)
-    return dict(out)

@@ -460,6 +460,24 @@ def _object_annotation(obj: SceneObject, annotation_id: int, image_id: int, cate
             "colour": obj.colour, "size": obj.size}
 
 
+def _write_annotations(folder: Path, info: dict, categories: list[dict], tables: dict[str, dict]) -> dict:
+    """Each split's ``captions_{split}.json`` and ``instances_{split}.json`` (COCO format) into ``folder``, from its
+    ``tables`` (``images``, ``captions``, ``objects``); returns ``{split: {"images": count, "captions": path,
+    "instances": path}}``."""
+    splits = {}
+    for split in SPLITS:
+        common = {"info": info, "licenses": [], "images": tables[split]["images"]}
+        captions_path = folder / f"captions_{split}.json"
+        instances_path = folder / f"instances_{split}.json"
+        captions_file = {**common, "annotations": tables[split]["captions"]}
+        instances_file = {**common, "annotations": tables[split]["objects"], "categories": categories}
+        captions_path.write_text(json.dumps(captions_file, sort_keys=True), encoding="utf-8")
+        instances_path.write_text(json.dumps(instances_file, sort_keys=True), encoding="utf-8")
+        splits[split] = {"images": len(tables[split]["images"]), "captions": str(captions_path),
+                         "instances": str(instances_path)}
+    return splits
+
+
 def generate_shapes(out_dir: str | Path, *, seed: int = 0, num_images: int = 3000, image_size: int = 128,
                     split_fractions: tuple[float, float, float] = (0.8, 0.1, 0.1), workers: int | None = None,
                     replace: bool = False) -> dict:
@@ -512,16 +530,7 @@ def generate_shapes(out_dir: str | Path, *, seed: int = 0, num_images: int = 300
                 object_id += 1
                 table["objects"].append(_object_annotation(obj, object_id, image_id, category_id[obj.shape]))
             objects_per_image[len(objects)] = objects_per_image.get(len(objects), 0) + 1
-        splits = {}
-        for split in SPLITS:
-            common = {"info": info, "licenses": [], "images": tables[split]["images"]}
-            captions_path = out_dir / "annotations" / f"captions_{split}.json"
-            instances_path = out_dir / "annotations" / f"instances_{split}.json"
-            captions_file = {**common, "annotations": tables[split]["captions"]}
-            instances_file = {**common, "annotations": tables[split]["objects"], "categories": categories}
-            captions_path.write_text(json.dumps(captions_file, sort_keys=True), encoding="utf-8")
-            instances_path.write_text(json.dumps(instances_file, sort_keys=True), encoding="utf-8")
-            splits[split] = {"images": sizes[split], "captions": str(captions_path), "instances": str(instances_path)}
+        splits = _write_annotations(out_dir / "annotations", info, categories, tables)
     except OSError as err:
         raise CaptionerError(f"{err.filename or out_dir}: cannot write the shapes data ({err.strerror})") from None
     return {"out": str(out_dir), "images": num_images, "seed": seed, "image_size": image_size,

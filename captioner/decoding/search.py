@@ -283,8 +283,26 @@ def greedy(decoder, regions: torch.Tensor, *, max_length: int, rules: TokenRules
         rules.end_index)
 
 
+def _freeze_finished(log_probs: torch.Tensor, finished: torch.Tensor, end_index: int) -> torch.Tensor:
+    """``log_probs`` (N, V) with each finished hypothesis's row (``finished`` (N,)) allowing only ``<end>``, at no
+    cost: a finished hypothesis carries its score along."""
+    frozen = torch.full_like(log_probs, NEG_INF)
+    frozen[:, end_index] = 0.0
+    return torch.where(finished[:, None], frozen, log_probs)
+
+
+def _extend_history(history: dict[str, torch.Tensor], attention: dict[str, torch.Tensor],
+                    origin: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The per-word maps ``history`` (N, T, L) of the hypotheses extended (rows ``origin`` (N,)), each with this
+    step's map of ``attention`` (N, L) appended: (N, T + 1, L)."""
+    for name, value in attention.items():
+        past = history[name].index_select(0, origin) if name in history else value.new_empty(origin.shape[0], 0, value.shape[1])
+        history[name] = torch.cat([past, value.index_select(0, origin).unsqueeze(1)], dim=1)
+    return history
+
+
 @torch.inference_mode()
-def beam_search(decoder, regions: torch.Tensor, *, beam_size: int, max_length: int, rules: TokenRules,
+def beam_search(decoder, regions: torch.Tensor, *, beam: int, max_length: int, rules: TokenRules,
                 length_penalty: float = 0.0, groups: int = 1, diversity: float = 0.0, n_best: int = 1) -> list[Generation]:
     """Batched beam search over all images at once: ``regions`` (B, L, D) -> B generations.
 
@@ -292,7 +310,7 @@ def beam_search(decoder, regions: torch.Tensor, *, beam_size: int, max_length: i
     finished: it keeps its score and competes with the live ones until all k hypotheses of its image have
     finished, or ``max_length`` words. An image whose hypotheses have all finished leaves the batch (its answer
     is final), so that the steps left run on the other images alone. Each image's answer is its best hypothesis by
-    ``log_prob / length**length_penalty``; with ``n_best > 1`` its ``beams`` hold the n best. With ``beam_size=1``
+    ``log_prob / length**length_penalty``; with ``n_best > 1`` its ``beams`` hold the n best. With ``beam=1``
     this is greedy decoding.
 
     Diverse beam search (Vijayakumar et al. 2018): the k beams form ``groups`` groups of k / groups beams that
@@ -301,7 +319,7 @@ def beam_search(decoder, regions: torch.Tensor, *, beam_size: int, max_length: i
     step (Hamming diversity). The penalty only steers the choice: scores stay log-probabilities. One group is
     plain beam search.
     """
-    batch, k, device = regions.shape[0], beam_size, regions.device
+    batch, k, device = regions.shape[0], beam, regions.device
     size = k // groups                                             # beams per group
     state, fixed = start_state(decoder, regions, k)
     scores = torch.full((batch, k), NEG_INF, device=device)
@@ -317,10 +335,7 @@ def beam_search(decoder, regions: torch.Tensor, *, beam_size: int, max_length: i
     for _ in range(max_length):
         log_probs, state, attention = decoder.step(tokens, state)
         log_probs = rules.apply(log_probs, words)
-        # A finished hypothesis may only be extended by <end> at no cost, so it carries its score along.
-        frozen = torch.full_like(log_probs, NEG_INF)
-        frozen[:, rules.end_index] = 0.0
-        log_probs = torch.where(finished[:, None], frozen, log_probs)
+        log_probs = _freeze_finished(log_probs, finished, rules.end_index)
         scores, origin, tokens = _choose(scores, log_probs, finished.view(-1, k), groups, diversity)
         origin = (base + origin).view(-1)                          # rows of the hypotheses extended
         tokens = tokens.view(-1)
@@ -328,9 +343,7 @@ def beam_search(decoder, regions: torch.Tensor, *, beam_size: int, max_length: i
         finished = finished.index_select(0, origin) | (tokens == rules.end_index)
         words = torch.cat([words.index_select(0, origin), tokens[:, None]], dim=1)
         state = select_state(state, origin, keep=fixed)
-        for name, value in attention.items():
-            past = history[name].index_select(0, origin) if name in history else value.new_empty(origin.shape[0], 0, value.shape[1])
-            history[name] = torch.cat([past, value.index_select(0, origin).unsqueeze(1)], dim=1)
+        history = _extend_history(history, attention, origin)
         done = finished.view(-1, k).all(dim=1)                     # images whose k hypotheses all ended
         if done.all():
             break
@@ -404,6 +417,6 @@ def decode(decoder, regions: torch.Tensor, vocab, settings: DecodeConfig,
         return drawn.generations(rules.end_index)
     if settings.beam == 1:
         return greedy(decoder, regions, max_length=settings.max_length, rules=rules)
-    return beam_search(decoder, regions, beam_size=settings.beam, max_length=settings.max_length, rules=rules,
+    return beam_search(decoder, regions, beam=settings.beam, max_length=settings.max_length, rules=rules,
                        length_penalty=settings.length_penalty, groups=settings.beam_groups,
                        diversity=settings.diversity, n_best=settings.n_best)

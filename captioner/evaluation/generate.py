@@ -7,11 +7,11 @@ from collections.abc import Mapping
 
 import torch
 from torch.utils.data import DataLoader
-from tqdm import tqdm
 
 from captioner.data.dataset import CaptionDataset, collate, visual_inputs
 from captioner.data.vocabulary import Vocabulary
 from captioner.decoding.search import DecodeConfig, Generation, decode
+from captioner.utils import progress_bar
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +30,7 @@ def generate_captions(model, dataset: CaptionDataset, vocab: Vocabulary, setting
     model.eval()
     out: dict[int, Generation] = {}
     with torch.inference_mode():
-        for batch in tqdm(loader, desc="decoding", unit="batch", disable=not progress, leave=False):
+        for batch in progress_bar(loader, desc="decoding", unit="batch", show=progress, leave=False):
             warn_unreadable(batch, set())
             if batch["size"] == 0:
                 continue

@@ -118,7 +118,7 @@ def named_objects(words: list[str], objects: list[dict]) -> list[tuple[int, dict
 
 
 class ShapesTargets:
-    """Targets on the shapes data: ``objects`` as from :func:`~captioner.evaluation.shapes_metrics.load_shapes_objects`."""
+    """Targets on the shapes data: ``objects`` as from :func:`~captioner.evaluation.shapes_metrics.shapes_objects`."""
 
     def __init__(self, objects: Mapping[int, list[dict]]):
         self.objects = objects

@@ -12,7 +12,7 @@ on BLEU but badly here unless it names what is in the image and where.
 
 Captions are read with the grammar of :mod:`captioner.data.shapes` (:func:`parse_caption`), leniently:
 unknown words, ``<unk>`` and truncated captions are skipped over, never an error. The image objects
-come from the shapes ``instances_*.json`` through :func:`load_shapes_objects`: per image a list of
+come from the shapes ``instances_*.json`` through :func:`shapes_objects`: per image a list of
 ``{"shape", "colour", "size", "bbox"}`` dicts, the shape being the COCO category name.
 """
 
@@ -32,7 +32,6 @@ from captioner.data.shapes import (
 )
 from captioner.data.text import tokenize
 from captioner.errors import CaptionerError
-from captioner.utils import read_json
 
 RELATION_WORDS = {tuple(phrase.split()): phrase for phrase in RELATIONS}
 
@@ -96,18 +95,14 @@ def parse_caption(caption: str) -> tuple[list[Mention], list[Relation]]:
     return mentions, relations
 
 
-def load_shapes_objects(instances_file: str | Path) -> dict[int, list[dict]]:
-    """``{image_id: [{"shape", "colour", "size", "bbox"}, ...]}`` from a shapes ``instances_*.json``.
+def shapes_objects(data: object, instances_file: str | Path) -> dict[int, list[dict]]:
+    """``{image_id: [{"shape", "colour", "size", "bbox"}, ...]}`` from the parsed JSON ``data`` of a shapes
+    ``instances_*.json`` (``instances_file``, named in errors).
 
     Every image of the file has an entry (possibly empty). Returns an empty dict for a COCO instances
     file whose annotations carry no "colour" (not shapes data), so callers can skip the measures.
-    Raises :class:`CaptionerError` for a file that cannot be read or is not COCO instances.
+    Raises :class:`CaptionerError` for data that are not COCO instances.
     """
-    return shapes_objects(read_json(instances_file), instances_file)
-
-
-def shapes_objects(data: object, instances_file: str | Path) -> dict[int, list[dict]]:
-    """:func:`load_shapes_objects` of the file's parsed JSON ``data``."""
     try:
         names = {category["id"]: category["name"] for category in data.get("categories", [])}
         annotations = data.get("annotations", [])
@@ -171,7 +166,7 @@ def _tally(generated: Mapping[int, str], objects: Mapping[int, list[dict]]) -> _
 
 def object_precision(generated: Mapping[int, str], objects: Mapping[int, list[dict]]) -> float:
     """Fraction of object mentions in ``generated`` (``{image_id: caption}``) whose colour and shape are
-    in that image (``objects`` as from :func:`load_shapes_objects`); 0.0 when nothing is named at all."""
+    in that image (``objects`` as from :func:`shapes_objects`); 0.0 when nothing is named at all."""
     return _tally(generated, objects).object_precision
 
 

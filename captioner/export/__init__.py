@@ -1,16 +1,15 @@
 """Exported models: a trained checkpoint as a folder that other machines and tools load without captioner's
-training state and without pickle (``captioner export``).
+training state and without pickle. This package holds the files' formats, below the config and the checkpoints
+that read them; the command that writes an export, ``captioner export``, is :mod:`captioner.commands.export`
+(with the model card, :mod:`captioner.commands.model_card`).
 
 * :mod:`captioner.export.folder`: the folder's files (safetensors weights, ``config.json``, ``vocab.json``),
   written and read back; :func:`captioner.checkpoint.load_checkpoint` reads an export folder like a checkpoint,
   so every command and :class:`captioner.Predictor` take either;
-* :mod:`captioner.export.card`: the model card (``README.md``) generated from the run;
 * :mod:`captioner.export.onnx`: the encoder and the decoder's per-word step as ONNX graphs, and the decode-step
-  interface over ONNX Runtime that the one search drives;
-* :mod:`captioner.export.package`: ``captioner export`` itself.
+  interface over ONNX Runtime that the one search drives.
 
-This file imports nothing, so that :mod:`captioner.checkpoint` can read export folders without importing the
-writers above it, and the command line can name the runtimes without importing torch.
+This file imports nothing, so that the command line can name the runtimes without importing torch.
 """
 
 RUNTIMES = ("torch", "onnx")

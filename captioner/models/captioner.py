@@ -1,5 +1,6 @@
-"""The captioning model: a CNN encoder (region features) and a decoder (words), built from a config, and
-the registry of decoders that a config's ``model.decoder`` names, and the compilation of a decoder's steps."""
+"""The captioning model: a CNN encoder (region features) and a decoder (words), built from their settings; the
+registry of decoders that a config's ``model.decoder`` names and the ``model`` section (:class:`ModelConfig`), one
+settings section per registered decoder; and the compilation of a decoder's steps."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import os
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -18,9 +18,6 @@ from captioner.errors import CaptionerError
 from captioner.models.encoder import Encoder, EncoderConfig, build_encoder
 from captioner.models.lstm_decoder import LSTMDecoder, LSTMDecoderConfig
 from captioner.models.transformer_decoder import TransformerDecoder, TransformerDecoderConfig
-
-if TYPE_CHECKING:
-    from captioner.config import Config, ModelConfig
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +71,41 @@ register_decoder("transformer", TransformerDecoder, TransformerDecoderConfig, co
                  attention_kind=lambda s: "cross-attention" if s.memory == "regions" else "none (mean of regions)")
 
 
+class ModelConfig:
+    """The ``model`` section: ``decoder`` names a registered decoder (:data:`~captioner.models.captioner.DECODERS`),
+    and every registered decoder has its settings section, ``model.<name>`` (its config dataclass), read as an
+    attribute: ``config.model.lstm.hidden_dim``; :attr:`chosen` is the one ``decoder`` names."""
+
+    def __init__(self, decoder: str = "lstm", **sections):
+        self.decoder = decoder
+        self.sections = {name: sections.get(name) or entry.config() for name, entry in DECODERS.items()}
+
+    def __getattr__(self, name: str):
+        sections = self.__dict__.get("sections", {})
+        if name in sections:
+            return sections[name]
+        raise AttributeError(f"model has no decoder section {name!r}")
+
+    @property
+    def chosen(self):
+        """The settings of the decoder that ``decoder`` names."""
+        return self.sections[self.decoder]
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, ModelConfig) and (self.decoder, self.sections) == (other.decoder, other.sections)
+
+    def __repr__(self) -> str:
+        return f"ModelConfig(decoder={self.decoder!r}, {', '.join(f'{k}={v!r}' for k, v in self.sections.items())})"
+
+    def check(self) -> None:
+        if self.decoder not in DECODERS:
+            raise CaptionerError(f"model.decoder must be one of {', '.join(DECODERS)}, got {self.decoder!r}")
+        try:
+            self.chosen.check()
+        except ValueError as err:
+            raise CaptionerError(f"model.{self.decoder}: {err}") from None
+
+
 class Captioner(nn.Module):
     """``encoder`` maps images (B, 3, H, W) in [0, 1] to regions (B, L, D); ``decoder`` maps regions to words."""
 
@@ -118,15 +150,11 @@ def build_decoder(model_config: ModelConfig, vocab_size: int, feature_dim: int, 
         raise CaptionerError(f"model.{name}: {err}") from None
 
 
-def build_model(config: Config, vocab_size: int, pretrained: bool | None = None) -> Captioner:
-    """Encoder and decoder from a resolved config. ``pretrained=False`` skips loading encoder weights
-    (used when a checkpoint's weights are loaded right after)."""
-    encoder_config = config.encoder
-    if pretrained is not None:
-        encoder_config = dataclasses.replace(encoder_config, pretrained=pretrained and encoder_config.pretrained)
+def build_captioner(encoder_config: EncoderConfig, model_config: ModelConfig, vocab_size: int) -> Captioner:
+    """Encoder and decoder from their settings, the ``encoder`` and ``model`` sections, for a vocabulary of
+    ``vocab_size`` words (the whole config's model: :func:`captioner.checkpoint.build_model`)."""
     encoder = build_encoder(encoder_config)
-    decoder = build_decoder(config.model, vocab_size, encoder.feature_dim, encoder.grid)
-    return Captioner(encoder, decoder)
+    return Captioner(encoder, build_decoder(model_config, vocab_size, encoder.feature_dim, encoder.grid))
 
 
 def compile_decoder(decoder: nn.Module, mode: str | None = None, targets: tuple[str, ...] | None = None) -> bool:

@@ -54,12 +54,6 @@ class TeacherForced:
     expectation_rows: torch.Tensor | None = None
     alpha_heads: torch.Tensor | None = None
 
-    def padded_logits(self, mask: torch.Tensor) -> torch.Tensor:
-        """``logits`` as (B', T, V), zero at the positions ``mask`` (B', T) marks as padding."""
-        padded = self.logits.new_zeros(*mask.shape, self.logits.shape[-1])
-        padded[mask] = self.logits
-        return padded
-
 
 @runtime_checkable
 class CaptionDecoder(Protocol):

@@ -72,7 +72,7 @@ class ServedModel:
         if self.predictor is None:
             raise RuntimeError(f"{self.name}: this is a description of the checkpoint; its model decodes elsewhere")
         settings = dataclasses.replace(self.settings, beam=beam, n_best=beam)
-        generations = self.predictor.decode_images(TO_FLOAT(torch.stack(list(images))), settings=settings)
+        generations = self.predictor.forward(TO_FLOAT(torch.stack(list(images))), settings=settings)
         return [generation.beams or [generation] for generation in generations]
 
     def describe(self) -> dict:

@@ -23,7 +23,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
-from captioner.checkpoint import load_checkpoint, model_and_loss_states, save_checkpoint
+from captioner.checkpoint import build_model, load_checkpoint, model_and_loss_states, save_checkpoint
 from captioner.config import Config, TrainConfig, complete, save_config
 from captioner.data.dataset import (
     CaptionDataset,
@@ -40,7 +40,7 @@ from captioner.errors import CaptionerError
 from captioner.evaluation.caption_metrics import score_captions
 from captioner.evaluation.generate import caption_texts, generate_captions
 from captioner.feature_extraction import cache_features
-from captioner.models.captioner import Captioner, build_model, compile_decoder
+from captioner.models.captioner import Captioner, compile_decoder
 from captioner.training.distributed import (
     World,
     all_sum,
@@ -53,7 +53,7 @@ from captioner.training.losses import build_loss
 from captioner.training.precision import Precision, amp_dtype, autocast, choose_precision
 from captioner.training.run_io import GracefulStop, MetricsLogger
 from captioner.training.scst import SelfCritical, metric_reward
-from captioner.utils import describe_device, rng_state, seed_everything, set_rng_state
+from captioner.utils import describe_device, progress_bar, rng_state, seed_everything, set_rng_state
 from captioner.version import __version__
 
 log = logging.getLogger(__name__)
@@ -413,9 +413,9 @@ def train_one_epoch(run: Run, state: TrainState, stop: GracefulStop, progress: b
     run.model.train()
     run.loss.train()
     words_seen, started = 0, time.perf_counter()
-    bar = tqdm(loader, desc=f"epoch {state.epoch + 1}/{train.epochs} ({objective})", unit="batch", leave=False,
-               disable=not (run.world.is_main and progress), initial=state.batch_in_epoch,
-               total=state.batch_in_epoch + len(loader))
+    bar = progress_bar(loader, desc=f"epoch {state.epoch + 1}/{train.epochs} ({objective})", unit="batch",
+                       leave=False, show=run.world.is_main and progress, initial=state.batch_in_epoch,
+                       total=state.batch_in_epoch + len(loader))
     for batch in bar:
         log_skipped_images(run, state, batch)
         state.batch_in_epoch += 1  # consumed, even if skipped below: a resumed run starts after it
@@ -427,7 +427,7 @@ def train_one_epoch(run: Run, state: TrainState, stop: GracefulStop, progress: b
             continue
         words_seen += int(stepped[0])
         words_per_s = words_seen / (time.perf_counter() - started)
-        bar.set_postfix(loss=f"{losses['loss'].item():.3f}", words_s=f"{words_per_s:.0f}")
+        bar.set_postfix(loss=f"{losses['loss'].item():.3f}", words_s=f"{words_per_s:.0f}", refresh=False)
         if state.step % train.log_every == 0:
             log_step(run, state, losses, words_per_s, objective)
         if train.checkpoint_every and state.step % train.checkpoint_every == 0:

@@ -136,13 +136,7 @@ def draw_attention_figure(image: Image.Image, words: Sequence[str], attention: n
     figure_height = 2 * MARGIN + title_height + rows * (WORD_TITLE + panel_height) + (rows - 1) * GAP + legend_height
     figure = Figure(figsize=(figure_width, figure_height), dpi=100)
     FigureCanvasAgg(figure)
-    axes = []
-    for panel in range(panels):
-        row, column = divmod(panel, columns)
-        left = MARGIN + column * (panel_width + GAP)
-        bottom = figure_height - MARGIN - title_height - (row + 1) * (WORD_TITLE + panel_height) - row * GAP
-        axes.append(figure.add_axes((left / figure_width, bottom / figure_height, panel_width / figure_width,
-                                     panel_height / figure_height)))
+    axes = _panel_axes(figure, panels, columns, (panel_width, panel_height), title_height)
     extent = (0, width, height, 0)  # data coordinates are image pixels, whatever the displayed resolution
     axes[0].imshow(display, extent=extent, interpolation="antialiased")
     for step, word in enumerate(words):
@@ -156,6 +150,22 @@ def draw_attention_figure(image: Image.Image, words: Sequence[str], attention: n
     if title_lines:
         figure.suptitle("\n".join(title_lines), y=1 - MARGIN / figure_height, va="top", fontsize=12, parse_math=False)
     return save_png(figure, out_path)
+
+
+def _panel_axes(figure: Figure, panels: int, columns: int, panel_size: tuple[float, float],
+                title_height: float) -> list:
+    """``panels`` axes of ``panel_size`` inches (width, height), ``columns`` to a row, GAP apart and WORD_TITLE
+    below the one above, the first row ``title_height`` below the figure's top margin."""
+    figure_width, figure_height = figure.get_size_inches()
+    panel_width, panel_height = panel_size
+    axes = []
+    for panel in range(panels):
+        row, column = divmod(panel, columns)
+        left = MARGIN + column * (panel_width + GAP)
+        bottom = figure_height - MARGIN - title_height - (row + 1) * (WORD_TITLE + panel_height) - row * GAP
+        axes.append(figure.add_axes((left / figure_width, bottom / figure_height, panel_width / figure_width,
+                                     panel_height / figure_height)))
+    return axes
 
 
 def save_png(figure: Figure, out_path: str | os.PathLike[str]) -> Path:

@@ -1,7 +1,9 @@
-"""``captioner evaluate``: decode a split with a checkpoint, write COCO-format results, score them."""
+"""``captioner evaluate``: decode a split with a checkpoint (several: an ensemble), write COCO-format results,
+score them; and what ``captioner ground`` shares with it (the split's dataset, its instances, unreadable images)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 from collections.abc import Sequence
@@ -9,39 +11,56 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from captioner.checkpoint import checkpoint_digest, checkpoint_folder
-from captioner.data.dataset import CaptionDataset, make_dataset
-from captioner.data.readers import read_split
+from captioner.commands.options import BEAM_HELP, RUNTIME_HELP, add_overrides, split_overrides, unreadable_exit
 from captioner.errors import CaptionerError
-from captioner.evaluation.attention_stats import attention_statistics
-from captioner.evaluation.caption_metrics import meteor_kept, score_captions, write_coco_results
-from captioner.evaluation.diversity import diversity_measures
-from captioner.evaluation.generate import caption_texts, read_references
-from captioner.evaluation.grounding import (
-    ShapesTargets,
-    ground,
-    load_instances,
-)
-from captioner.evaluation.shapes_metrics import shapes_scores
-from captioner.predictor import Predictor
-from captioner.utils import resolve_device, write_file
+from captioner.export import RUNTIMES
 
 if TYPE_CHECKING:
     from captioner.config import Config
+    from captioner.data.dataset import CaptionDataset
 
 log = logging.getLogger(__name__)
 
 
+def add_parser(commands) -> None:
+    parser = commands.add_parser("evaluate", help="score a checkpoint (several: an ensemble) on a split (BLEU, METEOR, "
+                                 "ROUGE-L, CIDEr, diversity, attention)")
+    parser.add_argument("checkpoints", nargs="+", metavar="checkpoint")
+    add_overrides(parser, "overrides of the checkpoint's config, e.g. data.features=null")
+    parser.add_argument("--split", default="test")
+    parser.add_argument("--beam", type=int, default=None, help=BEAM_HELP)
+    parser.add_argument("--n-best", type=int, default=None, help="also write the N best captions of every image "
+                        "with their log-probabilities (nbest_SPLIT.json)")
+    parser.add_argument("--out", help="folder for captions_SPLIT.json and scores_SPLIT.json")
+    parser.add_argument("--spice", action="store_true", help="also SPICE (needs Stanford CoreNLP)")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--runtime", choices=RUNTIMES, default="torch", help=RUNTIME_HELP)
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    scores = evaluate_checkpoint(args.checkpoints, args.split, beam=args.beam, out_dir=args.out,
+                                 overrides=split_overrides(args), device=args.device, spice=args.spice,
+                                 n_best=args.n_best, runtime=args.runtime)
+    print(json.dumps(scores, indent=2))
+    return unreadable_exit(scores["unreadable_images"], scores["images"])
+
+
 def split_dataset(config: Config, split: str, vocab, model) -> CaptionDataset:
     """One item per image of ``split``: cached features when the cache holds them all, else raw images."""
+    from captioner.data.dataset import make_dataset
+    from captioner.data.readers import read_split
+
     return make_dataset(config.data, read_split(config.data, split), vocab, model.encoder, pairs=False,
                         whole_cache_only=True)
 
 
-def _targets(config: Config, split: str, required: bool = False):
+def split_targets(config: Config, split: str, required: bool = False):
     """``(targets, image_sizes)`` of ``split`` from the config's ``data.instances`` file (shapes objects or
     COCO categories, see :func:`~captioner.evaluation.grounding.load_targets`), or ``(None, {})`` when it
     names none, or (unless ``required``) names one that is not there, with a warning."""
+    from captioner.evaluation.grounding import load_instances
+
     instances = config.data.instances.get(split)
     if instances and not required and not Path(instances).is_file():
         log.warning("%s: instances file not found (data.instances); no shapes measures or grounding", instances)
@@ -50,7 +69,7 @@ def _targets(config: Config, split: str, required: bool = False):
 
 
 def evaluate_checkpoint(checkpoints: str | Path | Sequence[str | Path], split: str = "test", *,
-                        beam_size: int | None = None, out_dir: str | Path | None = None, overrides: Sequence[str] = (),
+                        beam: int | None = None, out_dir: str | Path | None = None, overrides: Sequence[str] = (),
                         device: str = "auto", spice: bool = False, progress: bool = True,
                         n_best: int | None = None, runtime: str = "torch") -> dict:
     """Scores of the checkpoint (or the ensemble of ``checkpoints``) on ``split``; writes ``captions_{split}.json``
@@ -64,8 +83,15 @@ def evaluate_checkpoint(checkpoints: str | Path | Sequence[str | Path], split: s
     shapes data object precision and relation accuracy; wherever the config names an instances file for the
     split (shapes or COCO), attention grounding (``pointing_accuracy`` and the ``grounding`` breakdown) of the
     images the file holds."""
+    from captioner.checkpoint import checkpoint_digest, checkpoint_folder
+    from captioner.evaluation.caption_metrics import meteor_kept, score_captions
+    from captioner.evaluation.diversity import diversity_measures
+    from captioner.evaluation.generate import caption_texts
+    from captioner.predictor import Predictor
+    from captioner.utils import resolve_device
+
     refuse_file_as_folder(out_dir)
-    predictor = Predictor.load(checkpoints, device=resolve_device(device), overrides=overrides, beam=beam_size,
+    predictor = Predictor.load(checkpoints, device=resolve_device(device), overrides=overrides, beam=beam,
                                n_best=n_best, runtime=runtime)
     model, vocab, config, settings = predictor.model, predictor.vocab, predictor.config, predictor.settings
     dataset = split_dataset(config, split, vocab, model)
@@ -80,15 +106,25 @@ def evaluate_checkpoint(checkpoints: str | Path | Sequence[str | Path], split: s
                   runtime=runtime,
                   diversity=diversity_measures(texts))
     scores.update(_attention_scores(generations, vocab, config, split, tuple(model.encoder.grid), texts))
-    out_dir = Path(out_dir) if out_dir else checkpoint_folder(paths[0])
+    write_results(Path(out_dir) if out_dir else checkpoint_folder(paths[0]), split, scores, texts,
+                  generations if settings.n_best > 1 else None, vocab)
+    return scores
+
+
+def write_results(out_dir: Path, split: str, scores: dict, texts: dict[int, str], generations: dict | None,
+                  vocab) -> None:
+    """``captions_{split}.json`` (COCO results format), ``scores_{split}.json`` and, given the ``generations``,
+    the n best captions of every image with their log-probabilities, ``nbest_{split}.json``, into ``out_dir``."""
+    from captioner.evaluation.caption_metrics import write_coco_results
+    from captioner.utils import write_file
+
     write_coco_results(texts, out_dir / f"captions_{split}.json")
     write_file(out_dir / f"scores_{split}.json", json.dumps(scores, indent=2))
-    if settings.n_best > 1:
+    if generations is not None:
         nbest = [{"image_id": image_id, "beams": [{"caption": vocab.decode(b.tokens), "log_prob": b.log_prob}
                                                   for b in generation.beams]}
                  for image_id, generation in generations.items()]
         write_file(out_dir / f"nbest_{split}.json", json.dumps(nbest, indent=1))
-    return scores
 
 
 def refuse_file_as_folder(out_dir: str | Path | None) -> None:
@@ -109,12 +145,16 @@ def readable_or_refuse(dataset: CaptionDataset, decoded, split: str) -> list[str
 
 def _attention_scores(generations, vocab, config: Config, split: str, grid: tuple[int, int], texts: dict) -> dict:
     """Sharpness statistics, shapes measures and grounding, where they apply."""
+    from captioner.evaluation.attention_stats import attention_statistics
+    from captioner.evaluation.grounding import ShapesTargets, ground
+    from captioner.evaluation.shapes_metrics import shapes_scores
+
     out = {}
     attention = attention_statistics(generations)
     if attention is not None:
         attention.pop("coverage")
         out["attention"] = attention
-    targets, image_sizes = _targets(config, split)
+    targets, image_sizes = split_targets(config, split)
     if isinstance(targets, ShapesTargets):
         out.update(shapes_scores(texts, targets.objects))
     if targets is not None:
@@ -123,38 +163,3 @@ def _attention_scores(generations, vocab, config: Config, split: str, grid: tupl
             out["pointing_accuracy"] = grounding["pointing_accuracy"]
             out["grounding"] = grounding
     return out
-
-
-def ground_checkpoint(checkpoint: str | Path, split: str = "test", *, beam_size: int | None = None,
-                      out_dir: str | Path | None = None, overrides: Sequence[str] = (), device: str = "auto",
-                      progress: bool = True, references: bool = False) -> dict:
-    """Attention grounding of ``checkpoint``'s captions on ``split`` (with ``references``: of its attention while
-    it reads the split's reference captions) against the instances file its config names (``data.instances``:
-    shapes boxes or COCO masks); writes ``grounding_{split}.json`` (``grounding_references_{split}.json``) into
-    ``out_dir`` (default: the checkpoint's folder, or the export folder itself), with the checkpoint's SHA-256 and
-    the overrides, as evaluate records them."""
-    refuse_file_as_folder(out_dir)
-    predictor = Predictor.load(checkpoint, device=resolve_device(device), overrides=overrides, beam=beam_size)
-    model, vocab, config = predictor.model, predictor.vocab, predictor.config
-    targets, image_sizes = _targets(config, split, required=True)     # before decoding: a bad file fails at once
-    if targets is None:
-        raise CaptionerError(f"{checkpoint}: its config names no instances file for split '{split}' "
-                             "(data.instances), so there are no objects to ground words in")
-    if references:
-        pairs = make_dataset(config.data, read_split(config.data, split), vocab, model.encoder, pairs=True,
-                             whole_cache_only=True)
-        generations = read_references(model, pairs)
-        unreadable = readable_or_refuse(pairs, {image_id for image_id, _ in generations}, split)
-    else:
-        dataset = split_dataset(config, split, vocab, model)
-        generations = predictor.generate(dataset, progress=progress)
-        unreadable = readable_or_refuse(dataset, generations, split)
-    grounding = ground(generations, vocab, targets, image_sizes, tuple(model.encoder.grid))
-    if grounding is None:
-        raise CaptionerError(f"{checkpoint}: this decoder reports no attention maps (model.lstm.attention=none)")
-    grounding.update(unreadable_images=unreadable, checkpoint_sha256=[checkpoint_digest(checkpoint)],
-                     overrides=list(overrides), references=references)
-    out_dir = Path(out_dir) if out_dir else checkpoint_folder(checkpoint)
-    name = f"grounding_references_{split}.json" if references else f"grounding_{split}.json"
-    write_file(out_dir / name, json.dumps(grounding, indent=2))
-    return grounding

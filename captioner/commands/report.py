@@ -1,4 +1,4 @@
-"""``captioner compare``: a side-by-side report of several training runs (Markdown with PNGs, and one
+"""The report of ``captioner compare``: a side-by-side report of several training runs (Markdown with PNGs, and one
 self-contained HTML page with the images embedded).
 
 For each run directory (``config.yaml``, ``metrics.jsonl``, ``best.pt`` or ``last.pt``, and the
@@ -32,11 +32,11 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from captioner.checkpoint import checkpoint_digest, load_checkpoint
-from captioner.export.folder import is_export
+from captioner.commands.evaluate import evaluate_checkpoint, split_dataset
 from captioner.decoding.search import DecodeConfig
 from captioner.errors import CaptionerError
 from captioner.evaluation.attention_stats import attention_statistics
-from captioner.evaluation.evaluate import evaluate_checkpoint, split_dataset
+from captioner.export.folder import is_export
 from captioner.predictor import Predictor
 from captioner.utils import write_file
 from captioner.visualisation.attention_figure import PNG_COMPRESSION
@@ -114,17 +114,17 @@ def _stored_scores(path: Path, checkpoint: Path, settings: DecodeConfig) -> dict
     return None
 
 
-def collect_run(run_dir: Path, name: str, split: str, beam_size: int | None, stats_images: int) -> dict:
-    """Everything the report shows about one run, called ``name`` in it; ``beam_size`` None: the run's own
+def collect_run(run_dir: Path, name: str, split: str, beam: int | None, stats_images: int) -> dict:
+    """Everything the report shows about one run, called ``name`` in it; ``beam`` None: the run's own
     ``decode.beam``. Evaluates the run on ``split`` unless its ``scores_{split}.json`` is this checkpoint's with
     these settings (see the module's docstring)."""
     checkpoint = _checkpoint_of(run_dir)
     metrics = _read_metrics(run_dir)
-    predictor = Predictor.load(checkpoint, beam=beam_size)
+    predictor = Predictor.load(checkpoint, beam=beam)
     model, vocab, config, settings = predictor.model, predictor.vocab, predictor.config, predictor.settings
     scores = _stored_scores(run_dir / f"scores_{split}.json", checkpoint, settings)
     if scores is None:
-        scores = evaluate_checkpoint(checkpoint, split, beam_size=beam_size, out_dir=run_dir, progress=False)
+        scores = evaluate_checkpoint(checkpoint, split, beam=beam, out_dir=run_dir, progress=False)
     last = run_dir / "last.pt"   # the whole run's training time, not the time up to the best epoch
     progress = load_checkpoint(last if last.exists() else checkpoint).get("progress", {})
     val = [m for m in metrics if m.get("type") == "val"]
@@ -270,17 +270,17 @@ def report_markdown(runs: list[dict], pictures: dict[str, Path], examples: list[
     return "\n".join(lines) + "\n"
 
 
-def write_report(run_dirs: list[str | Path], out_dir: str | Path, *, split: str = "test", beam_size: int | None = None,
+def write_report(run_dirs: list[str | Path], out_dir: str | Path, *, split: str = "test", beam: int | None = None,
                  images: int = 3, stats_images: int = 200) -> dict:
     """Write ``report.md``, ``report.html`` and the PNGs into ``out_dir`` (the report and the summary figures
     replaced whole or not at all); returns the report's paths and each run's table row by its name.
-    ``beam_size`` None: each run decodes with its own ``decode.beam``. ``images``: how many of the split's first
+    ``beam`` None: each run decodes with its own ``decode.beam``. ``images``: how many of the split's first
     images every run captions (0: none). A run without a matching ``scores_{split}.json`` is evaluated, writing
     it and ``captions_{split}.json`` into the run folder (see the module's docstring)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     run_dirs = [Path(d) for d in run_dirs]
-    runs = [collect_run(d, name, split, beam_size, stats_images) for d, name in zip(run_dirs, run_names(run_dirs))]
+    runs = [collect_run(d, name, split, beam, stats_images) for d, name in zip(run_dirs, run_names(run_dirs))]
     pictures = {"curves": learning_curves(runs, out_dir / "learning_curves.png"),
                 "coverage": coverage_histogram(runs, out_dir / "coverage.png")}
     first = runs[0]

@@ -38,18 +38,18 @@ from pathlib import Path
 import torch
 
 from captioner.checkpoint import checkpoint_digest
+from captioner.commands.evaluate import evaluate_checkpoint
+from captioner.commands.report import write_report
 from captioner.config import Config, load_config, recipes
 from captioner.data.readers import read_split
 from captioner.data.shapes import FORMAT_VERSION, generate_shapes, shapes_info
 from captioner.errors import CaptionerError
 from captioner.evaluation.caption_metrics import meteor_kept
-from captioner.evaluation.evaluate import evaluate_checkpoint
 from captioner.feature_extraction import cache_features
 from captioner.models.captioner import DECODERS
 from captioner.predictor import Predictor
 from captioner.training.engine import train
 from captioner.utils import LOG_FORMAT, keep_freed_memory, usable_cores, write_file
-from captioner.report import write_report
 
 DEMO_RUNS = ("soft", "none", "hard", "transformer", "soft_scst")
 STARTS_FROM = {"soft_scst": "soft"}   # runs that fine-tune another run's best checkpoint
@@ -209,25 +209,7 @@ def run_demo(out: Path, data_dir: Path, fast: bool = False, runs: tuple[str, ...
 
         if shown not in runs:                        # kept from an earlier demo: its figures drawn now
             summary["figures"] = figures_of(shown, Path(summary["runs"][shown]["checkpoint"]), out, started, list(configs))
-        processes = processes or default_processes(configs)
-        if processes == 1:
-            print(f"\n== training {len(configs)} run(s) one after the other in this process ==", flush=True)
-            for name, config in configs.items():
-                on_finished(name, score_run(name, train_run(name, config, resume=resume), out))
-        else:
-            # The shown run on all processes, data parallel, first; then the others side by side, each on one.
-            first = shown if shown in configs else next(iter(configs))
-            apart = [name for name in configs if name != first]
-            print(f"\n== training {len(configs)} run(s) on {processes} worker processes (one torch thread each): "
-                  f"{first!r} on all of them, data parallel"
-                  + (", then the others side by side, one process each ==" if apart else " =="), flush=True)
-            plan = [(first, configs[first], processes)] + [(name, configs[name], 1) for name in apart]
-            threads = torch.get_num_threads()
-            with closing(train_on_workers(plan, out, processes, resume=resume)) as trained:
-                for name, result, idle in trained:      # scored here while the next runs train on the workers
-                    torch.set_num_threads(max(1, idle))
-                    on_finished(name, score_run(name, result, out))
-            torch.set_num_threads(threads)
+        train_and_score(configs, out, processes or default_processes(configs), shown, resume, on_finished)
         summary["runs"] = {name: summary["runs"][name] for name in DEMO_RUNS if name in summary["runs"]}
         print("\n== comparison report ==")
         report = write_report([out / name for name in summary["runs"]], out / "report", stats_images=100,
@@ -238,6 +220,31 @@ def run_demo(out: Path, data_dir: Path, fast: bool = False, runs: tuple[str, ...
         print_summary(summary)
         print(f"\nwrote {out / 'summary.json'}")
         return summary
+
+
+def train_and_score(configs: dict[str, Config], out: Path, processes: int, shown: str, resume: bool,
+                    on_finished) -> None:
+    """Train the runs of ``configs`` on ``processes`` worker processes (1: one after the other in this process),
+    ``shown`` first where it is among them, and score each as its training ends, handing its summary row to
+    ``on_finished(name, row)``."""
+    if processes == 1:
+        print(f"\n== training {len(configs)} run(s) one after the other in this process ==", flush=True)
+        for name, config in configs.items():
+            on_finished(name, score_run(name, train_run(name, config, resume=resume), out))
+        return
+    # The shown run on all processes, data parallel, first; then the others side by side, each on one.
+    first = shown if shown in configs else next(iter(configs))
+    apart = [name for name in configs if name != first]
+    print(f"\n== training {len(configs)} run(s) on {processes} worker processes (one torch thread each): "
+          f"{first!r} on all of them, data parallel"
+          + (", then the others side by side, one process each ==" if apart else " =="), flush=True)
+    plan = [(first, configs[first], processes)] + [(name, configs[name], 1) for name in apart]
+    threads = torch.get_num_threads()
+    with closing(train_on_workers(plan, out, processes, resume=resume)) as trained:
+        for name, result, idle in trained:      # scored here while the next runs train on the workers
+            torch.set_num_threads(max(1, idle))
+            on_finished(name, score_run(name, result, out))
+    torch.set_num_threads(threads)
 
 
 def earlier_runs(out: Path, keep: set[str]) -> dict:
@@ -329,14 +336,7 @@ def train_on_workers(plan: list[tuple[str, Config, int]], out: Path, slots: int,
                     if not startable:
                         break
                     name, config, size = waiting.pop(startable[0])
-                    port = free_port()
-                    for rank in range(size):
-                        receiver, sender = context.Pipe(duplex=False)
-                        process = context.Process(target=train_in_worker, name=f"demo-{name}-{rank}", args=(
-                            name, config, resume, rank, size, port, threads, sender))
-                        process.start()
-                        sender.close()
-                        running[receiver] = (name, process)
+                    start_workers(context, running, name, config, size, resume, threads)
                     pending[name] = size
                 if trained:
                     name = trained.pop(0)
@@ -344,20 +344,9 @@ def train_on_workers(plan: list[tuple[str, Config, int]], out: Path, slots: int,
                     continue
                 for receiver in multiprocessing.connection.wait(list(running)):
                     name, process = running.pop(receiver)
-                    try:
-                        outcome = receiver.recv()
-                    except EOFError:                # it died without a word
-                        outcome = ("ended", None)
-                    process.join()
-                    if outcome[0] == "error":
-                        raise outcome[1]
-                    if outcome[0] == "interrupted":
-                        raise KeyboardInterrupt
-                    if outcome[0] != "trained":
-                        raise CaptionerError(f"{out / name}: worker process {process.name} of demo run '{name}' ended "
-                                             f"abruptly (exit code {process.exitcode}: killed, or out of memory?)")
-                    if outcome[1] is not None:
-                        results[name] = outcome[1]
+                    result = worker_result(receiver, process, out / name)
+                    if result is not None:
+                        results[name] = result
                     pending[name] -= 1
                     if not pending[name]:
                         del pending[name]
@@ -365,6 +354,38 @@ def train_on_workers(plan: list[tuple[str, Config, int]], out: Path, slots: int,
         except BaseException:
             stop_workers([process for _, process in running.values()])
             raise
+
+
+def start_workers(context, running: dict, name: str, config: Config, size: int, resume: bool, threads: int) -> None:
+    """Start the ``size`` worker processes (ranks) of the run ``name``, each entered into ``running`` (the receiving
+    end of its pipe -> ``(name, process)``) as soon as it has started."""
+    port = free_port()
+    for rank in range(size):
+        receiver, sender = context.Pipe(duplex=False)
+        process = context.Process(target=train_in_worker, name=f"demo-{name}-{rank}", args=(
+            name, config, resume, rank, size, port, threads, sender))
+        process.start()
+        sender.close()
+        running[receiver] = (name, process)
+
+
+def worker_result(receiver, process, run_dir: Path) -> dict | None:
+    """What a worker that has finished sent through ``receiver`` (rank 0: its run's result; other ranks: None),
+    once joined; raises the worker's error, KeyboardInterrupt when it was interrupted, or a CaptionerError naming
+    ``run_dir`` when it died without a word."""
+    try:
+        outcome = receiver.recv()
+    except EOFError:                # it died without a word
+        outcome = ("ended", None)
+    process.join()
+    if outcome[0] == "error":
+        raise outcome[1]
+    if outcome[0] == "interrupted":
+        raise KeyboardInterrupt
+    if outcome[0] != "trained":
+        raise CaptionerError(f"{run_dir}: worker process {process.name} of demo run '{run_dir.name}' ended "
+                             f"abruptly (exit code {process.exitcode}: killed, or out of memory?)")
+    return outcome[1]
 
 
 def stop_workers(processes: list, grace_seconds: float = 60.0) -> None:

@@ -100,19 +100,25 @@ def model_card(name: str, described: dict, config: Config, progress: dict, check
     """The Markdown card of the export ``name`` (its folder's name): ``described`` its ``config.json``, ``config``
     and ``progress`` the checkpoint's (with the export's overrides), ``files`` the export's other files and their
     sizes in bytes."""
-    model, encoder, decode, train, loss = config.model, config.encoder, config.decode, config.train, config.loss
+    data = describe_data(config.data)
+    lines = (_introduction(name, described, config, data) + _training(config, progress, data) + _evaluation(checkpoint)
+             + _use(name, config, data) + _files(described, files, checkpoint))
+    return "\n".join(lines)
+
+
+def _introduction(name: str, described: dict, config: Config, data: dict) -> list[str]:
+    """The card's metadata block, title, what the model is and the first line of its training data."""
+    model, encoder = config.model, config.encoder
     entry = DECODERS[model.decoder]
     settings = model.chosen
     kind, label = entry.attention_kind(settings), entry.label
-    data = describe_data(config.data)
-    scores, grounding = run_results(checkpoint)
     regions = described["regions"]
     attends = "without attention (the mean of the regions)" if kind == "none" else (
         f"with {kind}" + ("" if "attention" in kind else " attention"))
     decoder = f"{_article(label)} {label}" + ("" if "decoder" in label else " decoder")
     tags = ["image-captioning", "show-attend-and-tell", f"{kind}-attention" if kind in ("soft", "hard") else kind]
     trained_with = described.get("trained_with") or "before 0.2.0"
-    lines = ["---", "library_name: captioner", "pipeline_tag: image-to-text", f"license: {data['hub_licence']}",
+    return ["---", "library_name: captioner", "pipeline_tag: image-to-text", f"license: {data['hub_licence']}",
              "tags:", *(f"- {t.replace(' ', '-')}" for t in tags), "---", "",
              f"# {name}: {label} ({kind}) image captioner", "",
              f"An image captioner in the manner of *Show, Attend and Tell* (Xu et al., 2015), trained with "
@@ -128,6 +134,12 @@ def model_card(name: str, described: dict, config: Config, progress: dict, check
              f"- Data: {data['name']} (`data.format: {config.data.format}`"
              + (f", split file `{Path(config.data.karpathy).name}`" if config.data.karpathy else "")
              + ")."]
+
+
+def _training(config: Config, progress: dict, data: dict) -> list[str]:
+    """The rest of the training data, and how the model was trained (a table of the settings and the progress)."""
+    train, loss, settings = config.train, config.loss, config.model.chosen
+    lines = []
     if progress.get("train_images"):
         lines.append(f"- Training split: {progress['train_images']:,} images, {progress['train_captions']:,} captions; "
                      f"the validation split picked the checkpoint (best `{train.metric}`).")
@@ -143,7 +155,13 @@ def model_card(name: str, described: dict, config: Config, progress: dict, check
             "training time": f"{progress['train_seconds'] / 60:.1f} min" if progress.get("train_seconds") else "-",
             "decoder settings": ", ".join(f"{k} {getattr(settings, k)}" for k in settings_of(type(settings)))}
     lines += [f"| {key} | {_number(value)} |" for key, value in rows.items()]
-    lines += ["", "## Evaluation", ""]
+    return lines
+
+
+def _evaluation(checkpoint: Path) -> list[str]:
+    """The scores and grounding that ``captioner evaluate`` / ``ground`` wrote beside ``checkpoint`` for it."""
+    scores, grounding = run_results(checkpoint)
+    lines = ["", "## Evaluation", ""]
     if scores:
         lines += ["Scores of this very checkpoint, as `captioner evaluate` wrote them beside it (COCO caption metrics; "
                   "beam as shown):", "", "| split | images | beam | " + " | ".join(SCORE_KEYS) + " |",
@@ -161,7 +179,13 @@ def model_card(name: str, described: dict, config: Config, progress: dict, check
         lines += [f"| {split} | {g.get('words')} | {_number(g.get('pointing_accuracy'))} | "
                   f"{_number(g.get('uniform_pointing'))} | {_number(g.get('centre_pointing'))} |"
                   for split, g in grounded.items()]
-    lines += ["", "## Intended use and limits", "",
+    return lines
+
+
+def _use(name: str, config: Config, data: dict) -> list[str]:
+    """What the model is for and not, how to load it, its decoding defaults; the head of the table of files."""
+    decode = config.decode
+    return ["", "## Intended use and limits", "",
               f"- For research and teaching on image captioning and visual attention: captions of {data['scope']}.",
               "- Not for decisions about people, nor as the only description of an image for someone who cannot see "
               "it: captions can be wrong, and a model repeats the biases of its training captions.",
@@ -182,6 +206,11 @@ def model_card(name: str, described: dict, config: Config, progress: dict, check
               + (", never ending on a word such as \"a\" or \"of\"" if decode.no_dangling_end else "")
               + "; change them with `decode.KEY=VALUE` on the command line or `Predictor.load(..., overrides=[...])`.",
               "", "## Files", "", "| file | bytes | what |", "|---|---|---|"]
+
+
+def _files(described: dict, files: dict[str, int], checkpoint: Path) -> list[str]:
+    """The table of the export's files, and the checkpoint it was exported from."""
+    lines = []
     what = {"model.safetensors": f"the weights ({described['weights']['dtype']}), safetensors: loading runs no code",
             "config.json": "model, encoder, decode and data settings, versions, the weights' SHA-256",
             "vocab.json": "the words, index = position",
@@ -192,4 +221,4 @@ def model_card(name: str, described: dict, config: Config, progress: dict, check
     lines.append(f"| `{CARD}` | | this card |")
     lines += ["", f"Exported from `{checkpoint.name}` (SHA-256 {checkpoint_digest(checkpoint)[:16]}...) of the run "
               f"`{checkpoint.parent.name}`.", ""]
-    return "\n".join(lines)
+    return lines
