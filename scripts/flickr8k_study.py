@@ -75,7 +75,7 @@ def run_name(kind: str, seed: int, ablation: bool) -> str:
 def run(kind: str, seed: int, ablation: bool, extra: list[str]) -> dict:
     """Train, score on all validation photos, ground on coco-mini; the result as saved (or, with ``extra``
     overrides, printed only: a trial is not the recipe)."""
-    from captioner.evaluation.evaluate import evaluate_checkpoint
+    from captioner.commands.evaluate import evaluate_checkpoint
     from captioner.training.engine import train
 
     recipe = recipes()[KINDS[kind]]

@@ -27,9 +27,9 @@ import json
 import torch
 
 from captioner.checkpoint import load_model
+from captioner.commands.evaluate import evaluate_checkpoint
 from captioner.data.dataset import collate, make_dataset
 from captioner.data.readers import read_split
-from captioner.evaluation.evaluate import evaluate_checkpoint
 from captioner.tokens import PAD_INDEX
 from captioner.utils import seed_everything
 

@@ -208,8 +208,8 @@ def test_expectation_decoding_is_the_soft_context_of_the_same_weights():
     soft = make_hard(attention_mode="soft").eval()
     soft.load_state_dict(hard.state_dict())
     features = torch.randn(4, 6, 6)
-    for ours, theirs in zip(beam_search(hard, features, beam_size=3, max_length=6, rules=RULES),
-                            beam_search(soft, features, beam_size=3, max_length=6, rules=RULES)):
+    for ours, theirs in zip(beam_search(hard, features, beam=3, max_length=6, rules=RULES),
+                            beam_search(soft, features, beam=3, max_length=6, rules=RULES)):
         assert ours.tokens == theirs.tokens and "chosen" not in ours.attention
         torch.testing.assert_close(ours.log_prob, theirs.log_prob)
         torch.testing.assert_close(ours.attention["alpha"], theirs.attention["alpha"])
@@ -227,7 +227,7 @@ def test_caption_baseline_is_the_mean_reward_of_the_captions_other_samples():
     targets = CAPTIONS[:, 1:].repeat_interleave(3, 0)
     mask = targets != 0
     loss = hard_loss(hard_baseline="caption", hard_reward="per_word")(out, CAPTIONS[:, 1:])
-    log_probs = torch.log_softmax(out.padded_logits(mask), -1).gather(2, targets.unsqueeze(2)).squeeze(2)
+    log_probs = torch.log_softmax(padded_logits(out, mask), -1).gather(2, targets.unsqueeze(2)).squeeze(2)
     reward = ((log_probs * mask).sum(1) / mask.sum(1)).detach().view(3, 3)
     others = (reward.sum(1, keepdim=True) - reward) / 2
     manual = -((reward - others).reshape(-1) * (out.log_prob_location * mask).sum(1)).sum() / mask.sum()
