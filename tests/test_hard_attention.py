@@ -43,12 +43,19 @@ def test_training_output_and_expectation_mixing_probability():
     assert not decoder(features, CAPTIONS).expectation_rows.any()
 
 
-def test_several_location_samples_repeat_each_caption():
-    decoder = make_hard(location_samples=3).train()
+def test_several_location_samples_repeat_each_sampled_caption():
+    decoder = make_hard(location_samples=3, expectation_probability=0.0).train()
     out = decoder(torch.randn(3, 6, 6), CAPTIONS)
-    assert out.alpha.shape[0] == 9 and out.logits.shape[0] == 3 * (3 + 4 + 2) and out.repeats == 3
+    assert out.alpha.shape[0] == 9 and out.logits.shape[0] == 3 * (3 + 4 + 2) and out.repeats.tolist() == [3, 3, 3]
     loss = hard_loss()(out, CAPTIONS[:, 1:])
     assert int(loss["words"]) == 3 * (3 + 4 + 2)
+    # a caption on the expectation is not repeated: its draws would all be the same pass
+    decoder.config.expectation_probability = 0.5
+    torch.manual_seed(5)
+    out = decoder(torch.randn(40, 6, 6), torch.tensor([[START, 5, END]]).expand(40, -1))
+    assert set(out.repeats.tolist()) == {1, 3} and out.alpha.shape[0] == int(out.repeats.sum())
+    torch.testing.assert_close(out.expectation_rows, (out.repeats == 1).repeat_interleave(out.repeats))
+    assert int(hard_loss()(out, torch.tensor([[5, END]]).expand(40, -1))["words"]) == 2 * int(out.repeats.sum())
 
 
 def test_sampled_context_is_the_chosen_region():
@@ -233,11 +240,11 @@ def test_caption_baseline_is_the_mean_reward_of_the_captions_other_samples():
     manual = -((reward - others).reshape(-1) * (out.log_prob_location * mask).sum(1)).sum() / mask.sum()
     torch.testing.assert_close(loss["reinforce"], manual)
     same = torch.full((6,), -2.0)
-    assert HardAttentionLoss.caption_baseline(same, 3).eq(-2.0).all()
-    # a caption's samples all use alpha or all sample, so a caption is compared with itself only
-    rows = make_hard(expectation_probability=0.5, location_samples=4).train()(
-        torch.randn(50, 6, 6), torch.tensor([[START, 5, END]]).expand(50, -1)).expectation_rows.view(50, 4)
-    assert (rows.all(1) | ~rows.any(1)).all() and rows.any() and not rows.all()
+    assert HardAttentionLoss.caption_baseline(same, torch.tensor([3, 3])).eq(-2.0).all()
+    # captions of one row (on the expectation) and of several, side by side: each compared with its own rows only
+    reward, repeats = torch.tensor([1.0, 2.0, 4.0, 7.0, 3.0, 5.0]), torch.tensor([2, 1, 3])
+    torch.testing.assert_close(HardAttentionLoss.caption_baseline(reward, repeats),
+                               torch.tensor([2.0, 1.0, 0.0, 4.0, 6.0, 5.0]))
 
 
 def test_caption_baseline_needs_several_location_samples():

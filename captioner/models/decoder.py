@@ -39,8 +39,9 @@ class TeacherForced:
     ``logits`` (W, V) predict the caption's next words at its W real positions only (``captions[:, 1:] !=
     <pad>``, row-major: the order of ``targets[mask]``), so padding costs no output layer; ``alpha``
     (B', T, L) the attention of each step (rows sum to 1 at real steps, zero at padding; None without
-    attention). B' = B, except in hard-attention training with M location samples per caption (B' = B * M,
-    each caption repeated M times in a row: ``repeats`` = M). Hard-attention training also fills
+    attention). B' = B, except in hard-attention training with M location samples per caption: then
+    ``repeats`` (B,) holds the rows of each caption, in a row (M for a caption whose locations are sampled, 1 for
+    one on the expectation), and B' their sum. Hard-attention training also fills
     ``log_prob_location`` and ``entropy`` (B', T) (``log alpha`` of the sampled location and the entropy of
     ``alpha``, zero at padding) and ``expectation_rows`` (B',) bool (rows that used ``alpha`` itself).
     ``alpha_heads`` (B', heads, T, L): the Transformer's per-head maps, when asked for.
@@ -48,7 +49,7 @@ class TeacherForced:
 
     logits: torch.Tensor
     alpha: torch.Tensor | None = None
-    repeats: int = 1
+    repeats: torch.Tensor | None = None
     log_prob_location: torch.Tensor | None = None
     entropy: torch.Tensor | None = None
     expectation_rows: torch.Tensor | None = None

@@ -10,7 +10,7 @@ At step t, from the previous word ``y_{t-1}``, hidden state ``h_{t-1}`` and the 
 Hard attention (§4.1) replaces the expectation by a sample: ``s_t ~ Multinoulli(alpha_t)`` and
 ``z_t = beta_t * a_{s_t}``; during training, with probability ``expectation_probability`` per caption
 the sample is replaced by its expected value (``z_t`` as in soft attention), the paper's variance
-reduction. At inference (``hard_decode``) the location is the argmax of ``alpha_t``, a sample, or the expected
+reduction, and the other captions draw ``location_samples`` location sequences each. At inference (``hard_decode``) the location is the argmax of ``alpha_t``, a sample, or the expected
 value itself (``expectation``: the context the expectation rows trained on, what the paper's code decodes with
 when it draws no sample).
 The training objective for hard attention is in :class:`captioner.training.losses.HardAttentionLoss`.
@@ -293,9 +293,9 @@ class LSTMDecoder(nn.Module):
         terms are zero.
         """
         sampling = self.hard and self.training
-        repeats = self.config.location_samples if sampling else 1
-        if repeats > 1:
-            features, captions = features.repeat_interleave(repeats, 0), captions.repeat_interleave(repeats, 0)
+        repeats = expectation_rows = running_expectation = None
+        if sampling:
+            features, captions, repeats, expectation_rows = self.location_copies(features, captions)
         batch, num_steps = captions.shape[0], captions.shape[1] - 1
         real = captions[:, 1:] != PAD_INDEX                      # (B, T) the words to predict
         lengths = real.sum(dim=1)                                             # (B,) real steps
@@ -313,11 +313,7 @@ class LSTMDecoder(nn.Module):
         keys = self.attention.project_regions(regions)
         embedded = self.embedding(captions[:, :-1].index_select(0, order).t()[runs])       # (W, E), packed
         h, c = self.initial_hidden(regions)
-        expectation_rows = running_expectation = None
-        if sampling:   # drawn per caption: its location samples all use alpha or all sample (a leave-one-out
-            # baseline compares sampled rows of one caption with one another)
-            expectation_rows = (torch.rand(batch // repeats, device=captions.device)
-                                < self.config.expectation_probability).repeat_interleave(repeats)
+        if sampling:
             running_expectation = expectation_rows.index_select(0, order)
         # the one-product weight gradients read the steps' inputs from a record filled after this node's forward:
         # a side channel torch.compile cannot trace (it builds the backward graph first), so compiled code takes
@@ -342,6 +338,17 @@ class LSTMDecoder(nn.Module):
             out.entropy = _unpack(torch.cat([i["entropy"] for i in infos]), to_packed)
             out.expectation_rows = expectation_rows
         return out
+
+    def location_copies(self, features: torch.Tensor, captions: torch.Tensor):
+        """Hard-attention training rows: each caption goes on the expectation (``alpha`` itself) with probability
+        ``expectation_probability``, once; else it is repeated for ``location_samples`` draws of its locations.
+        Returns the rows' ``features`` (B', L, D) and ``captions`` (B', T+1), ``repeats`` (B,) the rows of each
+        caption (adjacent), and ``expectation_rows`` (B',) bool."""
+        on_expectation = torch.rand(captions.shape[0], device=captions.device) < self.config.expectation_probability
+        repeats = torch.where(on_expectation, 1, self.config.location_samples)
+        if self.config.location_samples > 1:
+            features, captions = features.repeat_interleave(repeats, 0), captions.repeat_interleave(repeats, 0)
+        return features, captions, repeats, on_expectation.repeat_interleave(repeats)
 
     def step_weights(self, like: torch.Tensor, detach: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
         """The weights a teacher-forced step multiplies by, transposed, cast once to the autocast type if one is

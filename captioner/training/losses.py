@@ -142,7 +142,7 @@ class HardAttentionLoss(nn.Module):
 
     def forward(self, out: TeacherForced, targets: torch.Tensor) -> dict[str, torch.Tensor]:
         c = self.config
-        if out.repeats > 1:
+        if out.repeats is not None:
             targets = targets.repeat_interleave(out.repeats, 0)
         mask = targets != 0
         words = mask.sum()
@@ -173,13 +173,15 @@ class HardAttentionLoss(nn.Module):
 
 
     @staticmethod
-    def caption_baseline(reward: torch.Tensor, repeats: int) -> torch.Tensor:
-        """Per row of ``reward`` (B * M,), M = ``repeats`` samples of each caption in a row: the mean reward of the
-        caption's other M - 1 samples."""
-        if repeats < 2:
-            raise ValueError("loss.hard_baseline=caption needs model.lstm.location_samples >= 2")
-        grouped = reward.view(-1, repeats)
-        return ((grouped.sum(dim=1, keepdim=True) - grouped) / (repeats - 1)).reshape(-1)
+    def caption_baseline(reward: torch.Tensor, repeats: torch.Tensor | None) -> torch.Tensor:
+        """Per row of ``reward`` (B',), the rows of each caption adjacent (``repeats`` (B,) of them, summing to B'):
+        the mean reward of the caption's other rows (0 for a caption of one row: on the expectation, it has no
+        advantage anyway)."""
+        if repeats is None:
+            return torch.zeros_like(reward)
+        caption = torch.arange(len(repeats), device=reward.device).repeat_interleave(repeats)
+        totals = torch.zeros(len(repeats), dtype=reward.dtype, device=reward.device).index_add_(0, caption, reward)
+        return (totals[caption] - reward) / (repeats[caption] - 1).clamp_min(1)
 
 
 LOSSES = {"likelihood": CaptionLoss, "hard_attention": HardAttentionLoss}
