@@ -16,7 +16,7 @@ from captioner.cli import build_parser
 from captioner.config import config_reference, load_config, recipe_summary, recipes
 
 GENERATED = re.compile(r"^<!-- generated:(?P<name>[a-z]+) -->$", re.M)
-USAGE_WIDTH = 100
+USAGE_WIDTH = 72   # characters: the usage lines fit the content column of the page
 
 
 def cell(text: str) -> str:
