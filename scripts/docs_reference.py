@@ -84,20 +84,21 @@ def cli_reference(parser: argparse.ArgumentParser | None = None) -> str:
 
 
 def recipes_table() -> str:
-    """Every recipe in ``captioner/configs/`` as a table: its name, the first sentence of its opening comment, its
-    decoder and attention, encoder, epochs and precision setting."""
-    lines = ["| recipe | what it trains | decoder | encoder | epochs | `train.amp` |", "|---|---|---|---|---|---|"]
+    """Every recipe in ``captioner/configs/`` as a table: its name, the first sentence of its opening comment (cut
+    to 160 characters), its decoder, attention and encoder, its epochs and its precision setting."""
+    lines = ["| recipe | what it trains | model | epochs | `train.amp` |", "|---|---|---|---|---|"]
     for name, path in recipes().items():
         config = load_config(path)
         if config.train.objective == "scst":     # model and encoder: those of the checkpoint it starts from
-            decoder, encoder = "self-critical, of the checkpoint it starts from", "that checkpoint's"
+            model = "the checkpoint it starts from (`train.init_from`)"
+        elif config.model.decoder == "lstm":
+            lstm = config.model.lstm
+            model = f"LSTM, {lstm.attention_mode} attention ({lstm.attention}), {config.encoder.name}"
         else:
-            decoder, encoder = config.model.decoder, config.encoder.name
-            if decoder == "lstm":
-                decoder = f"LSTM, {config.model.lstm.attention_mode} attention ({config.model.lstm.attention})"
+            model = f"{config.model.decoder}, {config.encoder.name}"
         amp = str(config.train.amp).lower()
-        lines.append(f"| `{name}` | {cell(recipe_summary(path, width=400))} | {decoder} | {encoder} | "
-                     f"{config.train.epochs} | `{amp}` |")
+        lines.append(f"| `{name}` | {cell(recipe_summary(path, width=160))} | {model} | {config.train.epochs} | "
+                     f"`{amp}` |")
     return "\n".join(lines) + "\n"
 
 
