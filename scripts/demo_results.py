@@ -13,6 +13,8 @@ import shlex
 import sys
 from pathlib import Path
 
+import torch
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from results import write_result  # noqa: E402
@@ -38,7 +40,10 @@ def main() -> int:
     parser.add_argument("--command", help="the command that ran the demo (default: captioner demo --out FOLDER, the "
                                           "summary's folder)")
     parser.add_argument("--commit", help="the commit of the checkout that ran the demo (default: this checkout's)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads of each run's process, as the machine "
+                        "block records them (default 1: a demo on a CPU trains in worker processes of one thread each)")
     args = parser.parse_args()
+    torch.set_num_threads(args.threads)
     summary = json.loads(args.summary.read_text())
     command = args.command or shlex.join(["captioner", "demo", "--out", str(args.summary.parent)])
     demo_recipes = [path for name, path in recipes().items() if name.startswith("demo_")]
