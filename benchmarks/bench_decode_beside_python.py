@@ -67,7 +67,7 @@ def main() -> int:
         checkpoint = args.checkpoint or (DEMO_SOFT if DEMO_SOFT.exists() else random_demo_checkpoint(Path(folder), shapes))
         served = next(iter(load_served_models([checkpoint], torch.device("cpu")).values()))
         paths = sorted((shapes / "images").rglob("*.png"))[:args.batch]
-        images = [served.read(path.read_bytes(), path.name)[1] for path in paths]
+        images = [served.read(path.read_bytes(), path.name).pixels for path in paths]
 
         def caption():
             served.caption(images, served.settings.beam)
