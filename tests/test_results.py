@@ -11,7 +11,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "benchmarks"), str(ROOT / "scripts")]
 from render_results import TABLE, differences, pages, render_page  # noqa: E402
-from results import RESULTS_DIR, load_results, stale_inputs, write_result  # noqa: E402
+from results import load_results, stale_inputs, write_result  # noqa: E402
 
 RECORDS = load_results()
 MACHINE_KEYS = {"cpu", "cpu_flags", "cores", "threads", "gpu", "torch", "date", "commit"}
@@ -75,7 +75,7 @@ def test_a_number_edited_by_hand_fails_the_check(copy_with_a_result):
 def test_a_changed_recipe_makes_its_result_stale(copy_with_a_result):
     root, results, _ = copy_with_a_result
     recipe = root / "captioner/configs/demo_soft.yaml"
-    recipe.write_text(recipe.read_text().replace("epochs: 15", "epochs: 16"))
+    recipe.write_text(recipe.read_text() + "# one more line\n")
     found = differences(root, results)
     assert len(found) == 1 and "demo.json: measured with other versions of captioner/configs/demo_soft.yaml" in found[0]
     assert stale_inputs(json.loads((results / "demo.json").read_text()), root) == ["captioner/configs/demo_soft.yaml"]
@@ -85,7 +85,3 @@ def test_a_table_without_a_result_fails_the_check(copy_with_a_result):
     root, results, page = copy_with_a_result
     page.write_text(page.read_text() + "\n<!-- results:nowhere -->\n<!-- /results:nowhere -->\n")
     assert differences(root, results) == ["docs/results.md: results table 'nowhere' has no result: no results/nowhere.json"]
-
-
-def test_results_live_in_benchmarks_results():
-    assert RESULTS_DIR == ROOT / "benchmarks" / "results"
