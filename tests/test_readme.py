@@ -40,7 +40,7 @@ def shown_commands(text: str) -> list[str]:
         for line in block.replace("\\\n", " ").splitlines():
             line = line.split("  #")[0].split(" # ")[0].strip()
             if line and not line.startswith("#"):
-                commands.append(line)
+                commands += [command.strip() for command in line.split("&&")]   # each command of a chain
     starts = ("captioner ", "make ", "python ", "python3 ", "scripts/", "torchrun ", ".venv/bin/")
     commands += [span for span in re.findall(r"`([^`\n]+)`", text) if span.startswith(starts)]
     return commands
