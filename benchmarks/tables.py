@@ -23,22 +23,18 @@ def number(value, digits: int = 3) -> str:
     return "–" if value is None else f"{value:.{digits}f}"
 
 
-DEMO_RUNS = {"soft": "soft (LSTM, additive soft attention)", "none": "none (mean of regions, no attention)",
-             "hard": "hard (LSTM, stochastic hard attention)", "transformer": "transformer (2 layers, d 128)",
-             "soft_scst": "soft_scst (soft, then self-critical training)"}
-
-
 def demo(result: dict) -> list[str]:
-    """The demo's five runs on the shapes test split: scores, shapes measures, time."""
+    """The demo's runs on the shapes test split, by name: scores, shapes measures, epochs and time; then the whole
+    demo's time (data, features, training, scoring, report)."""
     lines = header("run", "BLEU-1", "BLEU-4", "METEOR", "ROUGE-L", "CIDEr", "object precision", "relation accuracy",
                    "pointing accuracy", "epochs", "train s", "done after s")
     for name, scores in result["runs"].items():
-        lines.append(row(DEMO_RUNS.get(name, name), *(number(scores[key]) for key in ("BLEU-1", "BLEU-4", "METEOR",
+        lines.append(row(f"`{name}`", *(number(scores[key]) for key in ("BLEU-1", "BLEU-4", "METEOR",
                                                                                      "ROUGE-L")),
                          number(scores["CIDEr"], 2), *(number(scores[key]) for key in (
                              "object_precision", "relation_accuracy", "pointing_accuracy")),
                          scores["epochs"], f"{scores['train_seconds']:.0f}", f"{scores['done_after_seconds']:.0f}"))
-    lines.append(row("whole demo (data, features, training, scoring, report)", *([""] * 10),
+    lines.append(row("whole demo", *([""] * 10),
                      f"{result['total_seconds']:.0f}"))
     return lines
 
