@@ -49,9 +49,10 @@ bench: setup
 # The docs site (mkdocs.yml) into site/: the results tables checked against their JSON first (a table edited by
 # hand, or a result whose recipe or code changed since, fails), then built with --strict (a broken link, a missing
 # page or an unresolved reference fails). The test suite runs the same (tests/test_results.py, tests/test_docs.py).
+# NO_MKDOCS_2_WARNING: mkdocs-material's banner about its successor, printed on every build.
 docs: setup
 	$(PY) scripts/render_results.py --check
-	$(VENV)/bin/mkdocs build --strict
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 clean:
 	rm -rf $(VENV) runs site
