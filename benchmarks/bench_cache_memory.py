@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 from common import PeakMemory, add_arguments, memory_kib, setup
+from results import report
 
 ROOT = Path(__file__).resolve().parent.parent
 WORDS = ("a", "red", "blue", "green", "circle", "square", "left", "right", "of", "the", "above", "below")
@@ -121,7 +122,8 @@ def main() -> int:
         runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
     if not args.dir and not args.keep:
         shutil.rmtree(root, ignore_errors=True)
-    print(json.dumps({"benchmark": "cache_memory", "runs": runs}, indent=2))
+    report("cache_memory", {"benchmark": "cache_memory", "runs": runs},
+           inputs=[__file__, "benchmarks/common.py", "captioner/data/feature_cache.py", "captioner/data/dataset.py"])
     return 0
 
 

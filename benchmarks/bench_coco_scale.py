@@ -61,6 +61,7 @@ from pathlib import Path
 import numpy as np
 from captioner.utils import cpu_model
 from common import add_arguments
+from results import report
 from PIL import Image
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -664,7 +665,6 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=2, help="data.num_workers of cache-features and train (default 2)")
     parser.add_argument("--clean", action="store_true", help="delete --dir afterwards (default: keep the trees for "
                         "the next run)")
-    parser.add_argument("--out", help="also write the JSON to this file")
     args = parser.parse_args()
     scales = sorted(args.scales or ([500] if args.quick else SCALES))
     if scales[-1] > FULL_IMAGES or scales[0] < 50:
@@ -695,10 +695,8 @@ def main() -> int:
             shutil.rmtree(root, ignore_errors=True)
     result["machine"]["load_average_at_end"] = [round(v, 2) for v in os.getloadavg()]
     result["targets"] = targets(result["runs"])
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
+    report("coco_scale", result, inputs=[__file__, "captioner/data/readers.py", "captioner/data/dataset.py",
+                                         "captioner/data/vocabulary.py", "captioner/configs/coco_soft.yaml"])
     return 0
 
 

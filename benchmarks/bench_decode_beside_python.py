@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
-import platform
 import statistics
 import sys
 import tempfile
@@ -29,6 +28,7 @@ from pathlib import Path
 import torch
 from bench_serve import DEMO_SOFT, random_demo_checkpoint
 from common import add_arguments
+from results import report
 
 from captioner.data.shapes import generate_shapes
 from captioner.serve.checkpoints import load_served_models
@@ -67,7 +67,7 @@ def main() -> int:
         checkpoint = args.checkpoint or (DEMO_SOFT if DEMO_SOFT.exists() else random_demo_checkpoint(Path(folder), shapes))
         served = next(iter(load_served_models([checkpoint], torch.device("cpu")).values()))
         paths = sorted((shapes / "images").rglob("*.png"))[:args.batch]
-        images = [served.read(path.read_bytes(), path.name)[1] for path in paths]
+        images = [served.read(path.read_bytes(), path.name).pixels for path in paths]
 
         def caption():
             served.caption(images, served.settings.beam)
@@ -93,14 +93,15 @@ def main() -> int:
                 print(f"{name} ...", file=sys.stderr)
                 measured[name].append(run())
     median = {name: statistics.median(values) for name, values in measured.items()}
-    print(json.dumps({
+    report("decode_beside_python", {
         "benchmark": "decode_beside_python", "checkpoint": str(checkpoint), "batch": len(images),
         "beam": served.settings.beam, "torch_threads": args.threads, "rounds": args.rounds,
         "ms_per_image": {name: round(value, 2) for name, value in median.items()},
         "ms_per_image_per_round": {name: [round(v, 2) for v in values] for name, values in measured.items()},
         "slowdown_beside_thread": round(median["beside_a_python_thread"] / median["alone"], 1),
         "slowdown_beside_process": round(median["beside_a_python_process"] / median["alone"], 2),
-        "python": platform.python_version(), "torch": torch.__version__}, indent=2))
+    }, inputs=[__file__, "benchmarks/bench_serve.py", "captioner/serve/decoding_process.py",
+               "captioner/decoding/search.py", "captioner/configs/demo_soft.yaml"])
     return 0
 
 

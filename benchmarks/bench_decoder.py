@@ -29,7 +29,6 @@ average before and after (the figures are only comparable within one run).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -53,6 +52,7 @@ from common import (
 )
 from torch.utils.flop_counter import FlopCounterMode
 from tutorial_reference import TutorialDecoder, tutorial_loss
+from results import report
 
 from captioner.decoding.search import beam_search
 from captioner.models.captioner import compile_decoder
@@ -232,7 +232,9 @@ def main() -> None:
                 images = (32 if args.quick else 64) if batch > 1 else 8
                 result["beam_images_per_s"][f"k={beam},batch={batch}"] = bench_beam(decoder, beam, batch, images)
     result["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
-    print(json.dumps(result, indent=2))
+    report("lstm_decoder", result, inputs=[__file__, "benchmarks/common.py", "benchmarks/tutorial_reference.py",
+                                           "captioner/models/lstm_decoder.py", "captioner/models/attention.py",
+                                           "captioner/training/losses.py", "captioner/decoding/search.py"])
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ its min-max. The encoders too: VGG-19 at 224 px and MobileNetV2 at 128 px (the d
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -26,6 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import END, add_arguments, machine_facts, setup  # noqa: E402
+from results import report  # noqa: E402
 
 from captioner.config import load_config
 from captioner.data.vocabulary import Vocabulary
@@ -35,6 +35,7 @@ from captioner.checkpoint import build_model
 
 VOCAB = 10_000
 WORDS = 20
+RECIPES = ("coco_soft", "coco_hard", "coco_transformer")   # the decoders measured, at these recipes' sizes
 
 
 def timed(function) -> float:
@@ -117,11 +118,12 @@ def main() -> None:
     result = {"machine": {**machine_facts(), "onnxruntime": onnxruntime.__version__,
                           "onnxruntime_threads": torch.get_num_threads()},
               "vocabulary": VOCAB, "regions": "14 x 14 x 512 (VGG-19 conv5_4)", "decoders": {}, "encoders": {}}
-    for recipe in ("coco_soft", "coco_hard", "coco_transformer"):
+    for recipe in RECIPES:
         result["decoders"][recipe] = bench_decoder(recipe, rounds, (1, 4) if args.quick else (1, 16))
     result["encoders"]["vgg19_224px"] = bench_encoder("vgg19", 224, 1 if args.quick else 4, rounds)
     result["encoders"]["mobilenet_v2_128px"] = bench_encoder("mobilenet_v2", 128, 16, rounds)
-    print(json.dumps(result, indent=2))
+    report("onnx", result, inputs=[__file__, "benchmarks/common.py", "captioner/export/onnx.py",
+                                   "captioner/decoding/search.py", *(f"captioner/configs/{name}.yaml" for name in RECIPES)])
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ hard attention LSTMs (attention, embedding and hidden size 512) and a 3-layer Tr
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import platform
 import statistics
@@ -22,6 +21,7 @@ import time
 
 import torch
 from common import END, RULES, START, VOCAB, PeakMemory, add_arguments, random_captions, setup, synchronise
+from results import report
 
 from captioner.config import load_config
 from captioner.decoding.search import beam_search
@@ -172,7 +172,9 @@ def main() -> None:
               "beam_by_size": beam_by_size(device, [1, 3, 5], [1, 32] if args.quick else [1, 32, 128],
                                            32 if args.quick else 256),
               "growth": growth(device, steps, args.quick)}
-    print(json.dumps(result, indent=2))
+    report("scaling", result, inputs=[__file__, "benchmarks/common.py", "captioner/models/lstm_decoder.py",
+                                      "captioner/models/attention.py", "captioner/models/transformer_decoder.py",
+                                      "captioner/training/losses.py", "captioner/decoding/search.py"])
 
 
 if __name__ == "__main__":

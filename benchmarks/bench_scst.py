@@ -9,12 +9,12 @@ captions against 5 references each, the greedy captions when that baseline is us
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import time
 
 import torch
 from common import RULES, VOCAB, add_arguments, setup, synchronise
+from results import report
 
 from captioner.data.vocabulary import Vocabulary
 from captioner.decoding.search import sample_captions
@@ -90,7 +90,9 @@ def main() -> None:
         total = sum(seconds.values())
         result[name] = {"images_per_s": round(IMAGES / total, 2), "step_s": round(total, 3),
                         "share": {k: round(v / total, 3) for k, v in seconds.items()}}
-    print(json.dumps(result, indent=2))
+    report("scst", result, inputs=[__file__, "benchmarks/common.py", "captioner/models/lstm_decoder.py",
+                                   "captioner/decoding/search.py", "captioner/training/rewards.py",
+                                   "captioner/training/scst.py"])
 
 
 if __name__ == "__main__":

@@ -26,7 +26,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import queue
 import re
 import statistics
@@ -41,6 +40,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 from common import add_arguments
+from results import report
 
 from captioner.checkpoint import build_model, save_checkpoint
 from captioner.config import load_config
@@ -207,9 +207,10 @@ def main() -> int:
             checkpoint = random_demo_checkpoint(Path(folder), shapes)
             served = "configs/demo_soft.yaml, random weights"
         results = measure(args, checkpoint, images)
-    print(json.dumps({"checkpoint": served,
-                      "server_threads": args.threads, "device": args.device, "cpu_count": os.cpu_count(),
-                      "machine": platform.processor() or platform.machine(), **results}, indent=2))
+    report("serve", {"checkpoint": served, "server_threads": args.threads, "device": args.device, **results},
+           inputs=[__file__, "benchmarks/common.py", "captioner/serve/app.py", "captioner/serve/batching.py",
+                   "captioner/serve/decoding_process.py", "captioner/decoding/search.py",
+                   "captioner/configs/demo_soft.yaml"])
     return 0
 
 

@@ -24,9 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import datetime
 import io
-import json
 import multiprocessing
 import os
 import random
@@ -42,14 +40,13 @@ from pathlib import Path
 
 import httpx
 import numpy as np
-import torch
 from bench_serve import DEMO_SOFT, ROOT, live_server, random_demo_checkpoint, rss_mb
 from common import add_arguments
+from results import report
 from PIL import Image
 
 from captioner.data.shapes import generate_shapes
 from captioner.serve.limits import PEAK_ABOVE_IDLE
-from captioner.utils import cpu_model
 
 CLIENTS = 16
 HOSTILE_CLIENTS = 16
@@ -314,13 +311,11 @@ def main() -> int:
         else:
             checkpoint, served = random_demo_checkpoint(Path(folder), shapes), "configs/demo_soft.yaml, random weights"
         results = measure(args, checkpoint, images)
-    print(json.dumps({"checkpoint": served, "clients": CLIENTS, "hostile_clients": HOSTILE_CLIENTS,
-                      "server_threads": args.threads, "device": args.device,
-                      "machine": {"cpu": cpu_model(), "threads": os.cpu_count(), "torch": torch.__version__,
-                                  "date": datetime.date.today().isoformat(),
-                                  "load_average_before": [round(x, 2) for x in load_before],
-                                  "load_average_after": [round(x, 2) for x in os.getloadavg()]},
-                      **results}, indent=2))
+    report("serve_soak", {"checkpoint": served, "clients": CLIENTS, "hostile_clients": HOSTILE_CLIENTS,
+                          "server_threads": args.threads, "device": args.device,
+                          "load_average_before": [round(x, 2) for x in load_before], **results},
+           inputs=[__file__, "captioner/serve/app.py", "captioner/serve/limits.py", "captioner/serve/batching.py",
+                   "captioner/serve/decoding_process.py", "captioner/configs/demo_soft.yaml"])
     return 0
 
 

@@ -19,7 +19,6 @@ of each and their ratio per pair (above 1: the Transformer is faster).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from dataclasses import asdict
@@ -38,6 +37,7 @@ from common import (
     synchronise,
     training_step,
 )
+from results import report
 
 from captioner.config import load_config
 from captioner.decoding.search import beam_search
@@ -138,7 +138,10 @@ def main() -> None:
         "images_per_s_cache": cached_speed, "images_per_s_no_cache": uncached_speed,
         "speed_up": round(cached_speed / uncached_speed, 2), "same_captions": cached_captions == uncached_captions,
         "words_per_caption": sorted({len(c) for c in cached_captions})}
-    print(json.dumps(result, indent=2))
+    report("transformer_decoder", result, inputs=[__file__, "benchmarks/common.py", "captioner/models/transformer_decoder.py",
+                                                  "captioner/models/lstm_decoder.py", "captioner/decoding/search.py",
+                                                  "captioner/configs/flickr8k_transformer.yaml",
+                                                  "captioner/configs/flickr8k_soft.yaml"])
 
 
 if __name__ == "__main__":

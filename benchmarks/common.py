@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from captioner.decoding.search import TokenRules
+from results import cpu_flags
 
 START, END = 1, 2
 RULES = TokenRules(START, END)    # no <unk> suppression: random captions have no <unk> anyway
@@ -129,7 +130,6 @@ def setup(args: argparse.Namespace) -> torch.device:
 ISA_ENVIRONMENTS = {
     "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"},
 }
-VECTOR_FLAGS = ("avx", "avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
 
 
 def add_isa_argument(parser: argparse.ArgumentParser) -> None:
@@ -154,17 +154,8 @@ def machine_facts(isa: str = "native") -> dict:
     (its kernels' capability, the environment variables set), the BLAS, threads, torch version, load average."""
     from captioner.utils import cpu_model
 
-    flags: list[str] = []
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("flags"):
-                present = set(line.split(":", 1)[1].split())
-                flags = [f for f in VECTOR_FLAGS if f in present]
-                break
-    except OSError:
-        pass
     env_names = sorted({k for env in ISA_ENVIRONMENTS.values() for k in env})
-    return {"cpu": cpu_model(), "cpu_vector_flags": flags, "isa": isa,
+    return {"cpu": cpu_model(), "cpu_vector_flags": cpu_flags(), "isa": isa,
             "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "isa_environment": {k: os.environ.get(k) for k in env_names},
             "fp32_matmul": "MKL" if torch.backends.mkl.is_available() else "other BLAS",

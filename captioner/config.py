@@ -403,8 +403,8 @@ def save_config(config: Config, path: str | Path) -> None:
 
 def config_reference() -> str:
     """Every setting with its default, what it allows and its meaning, as one Markdown table per section
-    (``model`` per decoder), generated from the section classes; the README's configuration reference is this
-    text."""
+    (``model`` per decoder), generated from the section classes: what ``captioner config --reference`` prints and
+    the docs' configuration page shows."""
     def cell(text: str) -> str:
         return text.replace("|", "\\|")
 

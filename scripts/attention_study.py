@@ -1,5 +1,5 @@
 """Why is attention flat on real photos, and what makes it attend? And what makes the Transformer decoder as good
-as the LSTM on them? The two studies behind the README's "Real photos" section, reproducible with this script.
+as the LSTM on them? The two studies behind the Flickr recipes (their history: CHANGELOG.md), reproducible with this script.
 
 Each variant is the Flickr recipe as it was before the study (``configs/flickr8k_soft.yaml`` with ``BEFORE``:
 VGG-19 conv5_4 14x14x512, cached, lambda 1 per caption) with

@@ -1,7 +1,7 @@
 """The effect of each decoding option on real photos: the Flickr recipe's model (scripts/flickr8k_dev.sh,
 runs/flickr8k_soft/best.pt) decodes the 100 validation photos of ../shared/data/flickr8k-800 with each setting
-below, and a table of BLEU-4, METEOR, CIDEr and the diversity measures is printed (the README's "Decoding
-options" table). The ensemble needs a second seed of the recipe, trained here when missing
+below, and a table of BLEU-4, METEOR, CIDEr and the diversity measures is printed (the history of
+the decoding options: CHANGELOG.md). The ensemble needs a second seed of the recipe, trained here when missing
 (runs/flickr8k_soft_seed1, about 10 minutes on 2 cores).
 
     python scripts/flickr8k_decoding.py [--out runs/flickr8k_decoding]

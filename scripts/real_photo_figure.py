@@ -1,5 +1,5 @@
 """Draw a model's attention on a real photo that may be published: the photos scikit-image ships (public domain
-or CC0, see ``skimage.data``), not the research-only Flickr or COCO images. The README's real-photo figure is
+or CC0, see ``skimage.data``), not the research-only Flickr or COCO images. The docs' real-photo figure is
 
     python scripts/real_photo_figure.py runs/flickr8k_soft/best.pt --photo astronaut --out docs/flickr_attention.png
 

@@ -65,8 +65,8 @@ def test_an_export_captions_as_its_checkpoint_in_torch_and_in_onnx_runtime(serve
 
 
 def onnx_greedy(folder, image: np.ndarray, start: int, end: int, max_words: int) -> list[int]:
-    """Greedy decoding of one image with ONNX Runtime alone, following config.json's onnx block and the README's
-    rules as another runtime would (no captioner code): never <pad> (index 0) or <start>."""
+    """Greedy decoding of one image with ONNX Runtime alone, following config.json's onnx block and the export
+    format's rules (docs/reference/export-format.md) as another runtime would (no captioner code): never <pad> (index 0) or <start>."""
     graphs = json.loads((folder / "config.json").read_text())["onnx"]
     encoder, init, step = (onnxruntime.InferenceSession(str(folder / graphs[k])) for k in
                            ("encoder", "decoder_init", "decoder_step"))
@@ -119,7 +119,7 @@ def test_the_weights_are_safetensors_tied_weights_stored_once(served_checkpoints
         assert json.loads((folder / "vocab.json").read_text()) == load_checkpoint(served_checkpoints[name])["vocab"]
 
 
-# The README's tolerance (measured on the demo's trained models, 300 test images, scripts/export_fidelity.py): float16
+# The tolerance (measured on the demo's trained models, 300 test images, scripts/export_fidelity.py): float16
 # keeps at least 97 % of the captions, the others' log-probabilities within 0.005 in the median; bfloat16 at least
 # 66 %, within 0.05.
 @pytest.mark.parametrize("dtype, same, tolerance", [("float16", 0.95, 5e-3), ("bfloat16", 0.6, 5e-2)])

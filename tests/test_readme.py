@@ -1,8 +1,9 @@
-"""The README cannot drift from the code: its configuration reference is the generated one, its command
-table lists every subcommand with every option, and every command it shows parses with the real
-command line, settings of its overrides included (config files, scripts, make targets and benchmark
-options too). Running the
-commands themselves is the job of the other tests (each subcommand has an end-to-end test) and of CI.
+"""The README and the docs cannot drift from the code: every command they show, in the README and in every page
+under docs/, parses with the real command line (`captioner.cli.build_parser()`), settings of its overrides
+included (config files, scripts, make targets and benchmark options too), and every figure they show is a small
+committed PNG. The command-line and configuration references are generated from the code when the docs are built
+(tests/test_docs.py). Running the commands themselves is the job of the other tests (each subcommand has an
+end-to-end test) and of CI.
 """
 
 import argparse
@@ -16,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from captioner.cli import build_parser, parse_args
-from captioner.config import Config, apply_overrides, config_reference
+from captioner.config import Config, apply_overrides
 
 ROOT = Path(__file__).resolve().parent.parent
-README = (ROOT / "README.md").read_text()
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 
 def subcommands(parser: argparse.ArgumentParser, prefix=()) -> dict[tuple[str, ...], argparse.ArgumentParser]:
@@ -31,22 +32,23 @@ def subcommands(parser: argparse.ArgumentParser, prefix=()) -> dict[tuple[str, .
     return found
 
 
-def options(parser: argparse.ArgumentParser) -> set[str]:
-    return {flag for action in parser._actions for flag in action.option_strings if flag.startswith("--")} - {"--help"}
-
-
-def shown_commands() -> list[str]:
-    """Every shell command in the README: the lines of its sh blocks and its inline code spans that
-    start with a command (continuation lines joined, comments dropped)."""
+def shown_commands(text: str) -> list[str]:
+    """Every shell command in a page: the lines of its sh blocks and its inline code spans that start with a
+    command (continuation lines joined, comments dropped)."""
     commands = []
-    for block in re.findall(r"```sh\n(.*?)```", README, flags=re.S):
+    for block in re.findall(r"```sh\n(.*?)```", text, flags=re.S):
         for line in block.replace("\\\n", " ").splitlines():
             line = line.split("  #")[0].split(" # ")[0].strip()
             if line and not line.startswith("#"):
-                commands.append(line)
+                commands += [command.strip() for command in line.split("&&")]   # each command of a chain
     starts = ("captioner ", "make ", "python ", "python3 ", "scripts/", "torchrun ", ".venv/bin/")
-    commands += [span for span in re.findall(r"`([^`\n]+)`", README) if span.startswith(starts)]
+    commands += [span for span in re.findall(r"`([^`\n]+)`", text) if span.startswith(starts)]
     return commands
+
+
+def every_shown_command() -> list[tuple[str, str]]:
+    """(page, command) for every command shown in the README and the docs pages."""
+    return [(str(page.relative_to(ROOT)), command) for page in PAGES for command in shown_commands(page.read_text())]
 
 
 def without_optional_parts(tokens: list[str]) -> list[str]:
@@ -55,24 +57,8 @@ def without_optional_parts(tokens: list[str]) -> list[str]:
     return [t for t in text.split() if t not in ("...",)]
 
 
-def test_configuration_reference_is_the_generated_one():
-    start, end = "<!-- config-reference:start -->\n", "<!-- config-reference:end -->"
-    assert start in README and end in README
-    assert README[README.index(start) + len(start):README.index(end)] == config_reference()
-
-
-def test_command_table_lists_every_subcommand_with_every_option():
-    rows = {}
-    for cell in re.findall(r"^\| `(captioner [^`]+)` \|", README, flags=re.M):
-        words = cell.split()
-        for names in subcommands(build_parser()):
-            if tuple(words[1 : 1 + len(names)]) == names:
-                rows[names] = cell
-    missing = [" ".join(n) for n in subcommands(build_parser()) if n not in rows]
-    assert not missing, f"README command table lacks: {missing}"
-    for names, parser in subcommands(build_parser()).items():
-        shown = set(re.findall(r"--[a-z][a-z-]*", rows[names]))
-        assert shown == options(parser), f"captioner {' '.join(names)}: README {sorted(shown)} vs code {sorted(options(parser))}"
+def options(parser: argparse.ArgumentParser) -> set[str]:
+    return {flag for action in parser._actions for flag in action.option_strings}
 
 
 def captioner_arguments(command: str) -> list[str] | None:
@@ -84,22 +70,32 @@ def captioner_arguments(command: str) -> list[str] | None:
     return None
 
 
-@pytest.mark.parametrize("command", [c for c in shown_commands() if captioner_arguments(c) is not None])
-def test_every_captioner_command_shown_parses(command):
+@pytest.mark.parametrize("page,command", [(page, command) for page, command in every_shown_command()
+                                          if captioner_arguments(command) is not None])
+def test_every_captioner_command_shown_parses(page, command):
     arguments = [("train" if a == "COMMAND" else a) for a in without_optional_parts(captioner_arguments(command))]
-    if len(arguments) == 1 and not arguments[0].startswith("-"):  # a command named in the prose: it must exist
-        assert (arguments[0],) in {names[:1] for names in subcommands(build_parser())}, f"no command {command}"
+    if not arguments:                                            # the command itself named in the prose
+        return
+    commands = subcommands(build_parser())
+    words = next((arguments[:i] for i, a in enumerate(arguments) if a.startswith("-")), arguments)
+    named = [names for names in commands if names[: len(words)] == tuple(words)]
+    if words and named and all(a.startswith("-") for a in arguments[len(words):]):
+        # a command named in the prose (`captioner data`, `captioner caption --json`): it exists, with those options
+        if len(arguments) > len(words):
+            assert len(named) == 1, f"{page}: {command}: options of which command?"
+            unknown = set(arguments[len(words):]) - options(commands[named[0]])
+            assert not unknown, f"{page}: {command}: no option {sorted(unknown)}"
         return
     try:
         args = parse_args(arguments)
     except SystemExit as stop:
         if stop.code != 0 or not {"--help", "--version"} & set(arguments):  # they exit 0 after printing
-            pytest.fail(f"README command does not parse: {command}")
+            pytest.fail(f"{page}: command does not parse: {command}")
         return
     apply_overrides(Config(), getattr(args, "overrides", []))  # every setting shown exists
     for token in arguments:
         if token.endswith(".yaml"):
-            assert (ROOT / token).is_file(), f"{command}: no {token}"
+            assert (ROOT / token).is_file(), f"{page}: {command}: no {token}"
 
 
 # Prints {script: what `python script --help` prints} for the scripts named in argv, all in one process (torch
@@ -128,12 +124,13 @@ def help_of_each(scripts: list[str]) -> dict[str, str]:
 
 def test_every_script_make_target_and_benchmark_shown_exists():
     makefile = (ROOT / "Makefile").read_text()
-    benchmarks = sorted({tokens[1] for tokens in map(shlex.split, shown_commands())
-                         if tokens[0] in ("python", "python3") and tokens[1].startswith("benchmarks/")})
-    for script in benchmarks:
+    commands = [command for _, command in every_shown_command()]
+    python_scripts = sorted({tokens[1] for tokens in map(shlex.split, commands)
+                             if tokens[0] in ("python", "python3") and tokens[1].startswith(("benchmarks/", "scripts/"))})
+    for script in python_scripts:
         assert (ROOT / script).is_file(), script
-    help_text = help_of_each(benchmarks)
-    for command in shown_commands():
+    help_text = help_of_each(python_scripts)
+    for command in commands:
         tokens = shlex.split(command)
         if tokens[0] == "make":
             for target in tokens[1:]:
@@ -145,8 +142,9 @@ def test_every_script_make_target_and_benchmark_shown_exists():
         elif tokens[0].startswith("scripts/"):
             script = ROOT / tokens[0]
             assert script.is_file(), command
-            assert subprocess.run(["bash", "-n", str(script)]).returncode == 0, command
-        elif tokens[0] in ("python", "python3") and tokens[1].startswith("benchmarks/"):
+            if script.suffix == ".sh":
+                assert subprocess.run(["bash", "-n", str(script)]).returncode == 0, command
+        elif tokens[0] in ("python", "python3") and tokens[1].startswith(("benchmarks/", "scripts/")):
             script = tokens[1]
             assert help_text[script], f"{script} --help printed nothing"
             for flag in re.findall(r"--[a-z][a-z-]*", " ".join(without_optional_parts(tokens[2:])) + " "
@@ -154,14 +152,19 @@ def test_every_script_make_target_and_benchmark_shown_exists():
                 assert flag in help_text[script], f"{command}: {script} has no {flag}"
 
 
-def test_every_figure_shown_is_a_small_committed_png():
-    figures = re.findall(r"!\[[^\]]*\]\(([^)\s]+)\)", README)
-    assert figures, "the README shows no figure"
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: str(page.relative_to(ROOT)))
+def test_every_figure_shown_is_a_small_committed_png(page):
+    figures = [(page.parent / figure).resolve().relative_to(ROOT).as_posix()
+               for figure in re.findall(r"!\[[^\]]*\]\(([^)\s]+)\)", page.read_text())]
     tracked = subprocess.run(["git", "ls-files", *figures], capture_output=True, text=True, cwd=ROOT).stdout.split()
     for figure in figures:
         path = ROOT / figure
-        assert path.is_file(), f"README figure {figure} does not exist"
+        assert path.is_file(), f"{page.name}: figure {figure} does not exist"
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", f"{figure} is not a PNG"
-        assert path.stat().st_size < 300_000, f"{figure} is {path.stat().st_size} bytes; keep README figures small"
+        assert path.stat().st_size < 300_000, f"{figure} is {path.stat().st_size} bytes; keep figures small"
         if (ROOT / ".git").exists():
             assert figure in tracked, f"{figure} is not committed"
+
+
+def test_the_readme_shows_a_figure():
+    assert re.search(r"!\[[^\]]*\]\(docs/[^)\s]+\.png\)", (ROOT / "README.md").read_text())

@@ -26,6 +26,7 @@ from PIL import Image
 from captioner.cli import main
 from captioner.serve.app import MAX_BEAM, create_app
 from captioner.serve.checkpoints import load_served_models
+from captioner.version import __version__
 from captioner.visualisation.attention_figure import upsample_attention
 
 UPLOAD_MB = 1
@@ -92,6 +93,7 @@ def test_models_health_and_openapi_describe_the_server(client, served):
     assert folder not in client.get("/api/models").text and folder not in client.get("/openapi.json").text
     assert client.get("/health").json() == {"status": "ok", "models": list(by_name), "queued": 0, "in_flight": 0}
     schema = client.get("/openapi.json").json()
+    assert schema["info"]["version"] == __version__
     assert {"/api/caption", "/api/figure", "/api/models", "/api/overlay-operators", "/health"} <= set(schema["paths"])
     form = schema["paths"]["/api/caption"]["post"]["requestBody"]["content"]["multipart/form-data"]["schema"]
     fields = schema["components"]["schemas"][form["$ref"].split("/")[-1]]["properties"]

@@ -6,7 +6,7 @@ paste, and that the console stayed clean; it saves a screenshot. A second test o
 that wants a token, without it and then with it in the page's address.
 
 Skipped, saying why, without Chromium or Playwright; CAPTIONER_REQUIRE_BROWSER=1 (set by .ci/run) makes that
-a failure. CAPTIONER_CHROMIUM names the browser (default: chromium on the PATH). The README's screenshot:
+a failure. CAPTIONER_CHROMIUM names the browser (default: chromium on the PATH). The docs' screenshot (docs/serve.png):
 
     CAPTIONER_SERVE_CHECKPOINTS="runs/demo/soft/best.pt runs/demo/hard/best.pt" \\
     CAPTIONER_SCREENSHOT=docs/serve.png pytest tests/test_serve_browser.py
@@ -128,7 +128,7 @@ def sync_api():
 
 @pytest.fixture(scope="module")
 def served(sync_api, request):
-    """The demo's checkpoints for the README's screenshot, else the tiny soft and hard ones, their attention
+    """The demo's checkpoints for the docs' screenshot, else the tiny soft and hard ones, their attention
     sharpened (seconds of training leave it almost uniform, and a uniform map hardly changes the image)."""
     shown = os.environ.get("CAPTIONER_SERVE_CHECKPOINTS")
     if shown:

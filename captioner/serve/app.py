@@ -50,6 +50,7 @@ from captioner.serve.decoding_process import DecodingProcess, LoadSettings
 from captioner.serve.errors import ApiError, UploadLimit, install_error_handlers
 from captioner.serve.limits import ARRIVAL, Admission, DecodeBudget, InFlight, decode_cost, image_header
 from captioner.utils import resolve_device
+from captioner.version import __version__
 from captioner.visualisation import attention_figure
 
 log = logging.getLogger(__name__)
@@ -102,7 +103,7 @@ def create_app(models: dict[str, ServedModel], *, max_batch: int = 16, max_wait_
         budget.close()
 
     app = FastAPI(title="captioner", summary="Caption images and see where the model looked, word by word.",
-                  version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None)  # their pages load from a CDN
+                  version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None)  # their pages load from a CDN
     app.state.models, app.state.batcher, app.state.max_upload_mb = models, batcher, max_upload_mb
     app.state.decoding, app.state.budget, app.state.in_flight = decoding, budget, InFlight(max_queue)
     install_error_handlers(app)
