@@ -74,5 +74,87 @@ def decode_beside_python(result: dict) -> list[str]:
     return lines
 
 
+# Xu et al. (2015), Table 1, Flickr8k (their test split; METEOR as a fraction, as pycocoevalcap reports it)
+PAPER_FLICKR8K = {"soft": {"BLEU-1": 0.67, "BLEU-2": 0.448, "BLEU-3": 0.299, "BLEU-4": 0.195, "METEOR": 0.1893},
+                  "hard": {"BLEU-1": 0.67, "BLEU-2": 0.457, "BLEU-3": 0.314, "BLEU-4": 0.213, "METEOR": 0.2030}}
+CAPTION_METRICS = ("BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "METEOR", "ROUGE-L", "CIDEr")
+
+
+def mean_spread(values: list[float], digits: int = 3) -> str:
+    """The mean of ``values``, with half their range (± the seeds' spread) where there are several."""
+    if not values:
+        return "–"
+    mean = sum(values) / len(values)
+    return f"{mean:.{digits}f}" + (f" ± {(max(values) - min(values)) / 2:.{digits}f}" if len(values) > 1 else "")
+
+
+def flickr8k_full(result: dict) -> list[str]:
+    """The Flickr8k study (``scripts/flickr8k_study.py``): one line per recipe and ablation, the mean over its seeds
+    with their spread, on the 1,000 validation photos; coco-mini pointing beside the uniform map's and the centre's;
+    then the paper's Table 1 rows (on the official test split)."""
+    groups: dict[tuple[str, bool], list[dict]] = {}
+    for run in result["runs"].values():
+        groups.setdefault((run["recipe"], run["ablation"]), []).append(run)
+
+    def values(runs: list[dict], *path: str) -> list[float]:
+        found = []
+        for run in runs:
+            for key in path:
+                run = (run or {}).get(key)
+            if run is not None:
+                found.append(run)
+        return found
+
+    lines = header("run", "seeds", *CAPTION_METRICS, "words used", "distinct", "repeated bigram", "entropy",
+                   "coco-mini pointing (uniform, centre)", "train CPU min")
+    for (recipe, ablation), runs in sorted(groups.items()):
+        pointing = values(runs, "coco_mini", "pointing_accuracy")
+        lines.append(row(f"`{recipe}`" + (" without attention" if ablation else ""), len(runs),
+                         *(mean_spread(values(runs, "val", m)) for m in CAPTION_METRICS),
+                         mean_spread(values(runs, "diversity", "vocabulary_used"), 0),
+                         mean_spread(values(runs, "diversity", "distinct_captions"), 2),
+                         mean_spread(values(runs, "diversity", "repeated_bigram"), 2),
+                         mean_spread(values(runs, "attention", "mean_entropy"), 2),
+                         f"{mean_spread(pointing)} ({mean_spread(values(runs, 'coco_mini', 'uniform_pointing'))}, "
+                         f"{mean_spread(values(runs, 'coco_mini', 'centre_pointing'))})" if pointing else "–",
+                         mean_spread([s / 60 for s in values(runs, "train_cpu_seconds")], 0)))
+    for name, scores in PAPER_FLICKR8K.items():
+        lines.append(row(f"Xu et al. 2015, {name} (test split)", "–",
+                         *(number(scores.get(m)) for m in CAPTION_METRICS), *(["–"] * 6)))
+    return lines
+
+
+def hard_attention_snr(result: dict) -> list[str]:
+    """The REINFORCE gradient of the attention network on one batch, per reward and baseline
+    (``scripts/hard_attention_diagnosis.py snr``)."""
+    lines = header("reward", "baseline", "location samples", "signal / noise", "cosine with the expectation's gradient",
+                   "size / the expectation's gradient")
+    for setting in result["settings"]:
+        lines.append(row(setting["reward"], setting["baseline"], setting["location_samples"],
+                         number(setting["snr"], 2), number(setting["cosine_with_expectation_gradient"], 2),
+                         number(setting["size_against_expectation_gradient"], 1)))
+    return lines
+
+
+def hard_attention_runs(result: dict) -> list[str]:
+    """Hard-attention variants and their soft control at one budget (``scripts/hard_attention_diagnosis.py
+    runs``): what each changed, validation CIDEr per epoch, and the best checkpoint on all validation photos and on
+    coco-mini with each decoding."""
+    lines = header("run", "changes against its recipe", "val CIDEr by epoch (subset)", "decoding", "BLEU-4",
+                   "METEOR", "CIDEr", "distinct", "words used", "entropy", "coco-mini pointing (uniform, centre)")
+    for run in result["runs"]:
+        changes = ", ".join(f"`{c}`" for c in run["changes"] if not c.startswith(("train.epochs", "train.val_max")))
+        for mode, scored in run["decoded"].items():
+            lines.append(row(f"`{run['run']}`", changes or "–",
+                             ", ".join(number(point["CIDEr"]) for point in run["val_curve"]), mode,
+                             number(scored["BLEU-4"]), number(scored["METEOR"]), number(scored["CIDEr"]),
+                             number(scored["distinct_captions"], 2), scored["vocabulary_used"],
+                             number(scored["mean_entropy"], 2),
+                             f"{number(scored['pointing_accuracy'])} ({number(scored['uniform_pointing'])}, "
+                             f"{number(scored['centre_pointing'])})"))
+    return lines
+
+
 TABLES: dict[str, Callable[[dict], list[str]]] = {
-    "demo": demo, "scaling": scaling, "scst": scst, "decode_beside_python": decode_beside_python}
+    "demo": demo, "scaling": scaling, "scst": scst, "decode_beside_python": decode_beside_python,
+    "flickr8k_full": flickr8k_full, "hard_attention_snr": hard_attention_snr, "hard_attention_runs": hard_attention_runs}

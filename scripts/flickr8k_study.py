@@ -8,20 +8,20 @@ decoding of the recipe): BLEU-1..4, METEOR, ROUGE-L, CIDEr, the words used, dist
 attention entropy and peak; grounds its attention on ``../shared/data/coco-mini`` (80 COCO photos with their
 instance masks: pointing, mass in the mask, against a uniform map and the image centre); and writes all of it, with
 the machine and the training time (wall, and CPU seconds of all its threads, which other work on the machine
-barely moves), to ``benchmarks/results/flickr8k_full/RUN.json``. A study that spans several
-sessions loses nothing: the JSON is committed, the checkpoints (research-only data) never are.
+barely moves), into ``benchmarks/results/flickr8k_full.json`` beside the runs saved before (one entry per recipe,
+ablation and seed), which the docs' results page renders as one table with the paper's rows. A study that spans
+several sessions loses nothing: the JSON is committed, the checkpoints (research-only data) never are.
 
-    python scripts/flickr8k_study.py run soft --seed 0              # flickr8k_full_soft, seed 0
-    python scripts/flickr8k_study.py run soft --seed 0 --ablation   # its ablation (model.lstm.attention=none)
-    python scripts/flickr8k_study.py run hard --seed 1 -- train.epochs=2   # overrides after --: a trial, not saved
-    python scripts/flickr8k_study.py table                           # the table of every saved run
+    python scripts/flickr8k_study.py soft --seed 0              # flickr8k_full_soft, seed 0
+    python scripts/flickr8k_study.py soft --seed 0 --ablation   # its ablation (model.lstm.attention=none)
+    python scripts/flickr8k_study.py hard --seed 1 -- train.epochs=2   # overrides after --: a trial, not saved
+    python scripts/render_results.py                                 # the table on docs/results.md
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
 import time
@@ -30,7 +30,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from results import write_result  # noqa: E402  (benchmarks/results.py: the machine block and the inputs' hash)
+from results import (  # noqa: E402  (benchmarks/results.py: the machine block and the inputs' SHA-256)
+    RESULTS_DIR,
+    machine_block,
+    stale_inputs,
+    write_result,
+)
 
 from captioner.config import load_config, recipes  # noqa: E402
 
@@ -46,9 +51,6 @@ ABLATION = {"soft": ["model.lstm.attention=none", "model.lstm.attention_mode=sof
 CODE = ["captioner/models/lstm_decoder.py", "captioner/models/transformer_decoder.py", "captioner/models/attention.py",
         "captioner/training/losses.py", "captioner/training/engine.py", "captioner/decoding/search.py",
         "captioner/data/text.py", "captioner/data/vocabulary.py", "scripts/flickr8k_study.py"]
-# Xu et al. (2015), Table 1, Flickr8k (their test split; METEOR as a fraction)
-PAPER = {"soft (Xu et al. 2015)": {"BLEU-1": 0.67, "BLEU-2": 0.448, "BLEU-3": 0.299, "BLEU-4": 0.195, "METEOR": 0.1893},
-         "hard (Xu et al. 2015)": {"BLEU-1": 0.67, "BLEU-2": 0.457, "BLEU-3": 0.314, "BLEU-4": 0.213, "METEOR": 0.2030}}
 METRICS = ("BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "METEOR", "ROUGE-L", "CIDEr")
 
 
@@ -114,69 +116,37 @@ def run(kind: str, seed: int, ablation: bool, extra: list[str]) -> dict:
     if extra:
         print(json.dumps(result, indent=1))
     else:
-        write_result(f"{RESULTS}/{name}", result, inputs=[str(recipe.relative_to(ROOT)), *CODE])
+        save(name, result, [*(f"captioner/configs/{r}.yaml" for r in KINDS.values()), *CODE])
     return result
 
 
-def saved_runs() -> list[dict]:
-    return [json.loads(path.read_text()) for path in sorted((ROOT / "benchmarks" / "results" / RESULTS).glob("*.json"))]
-
-
-def table(rows: list[dict]) -> str:
-    """One line per recipe (and ablation): the mean over its seeds, with the spread (max - min) where several."""
-    groups: dict[tuple, list[dict]] = {}
-    for row in rows:
-        groups.setdefault((row["recipe"], row["ablation"]), []).append(row)
-
-    def cell(values: list[float], digits: int = 3) -> str:
-        mean = statistics.fmean(values)
-        spread = f" ± {(max(values) - min(values)) / 2:.{digits}f}" if len(values) > 1 else ""
-        return f"{mean:.{digits}f}{spread}"
-
-    lines = ["| run | seeds | " + " | ".join(METRICS) + " | words used | distinct | repeated bigram | entropy | "
-             "peak / uniform | coco-mini pointing (uniform, centre) | train min |", "|" + "---|" * 16]
-    for (recipe, ablation), group in sorted(groups.items()):
-        def values(path: str) -> list[float]:
-            out = []
-            for row in group:
-                value = row
-                for key in path.split("/"):
-                    value = (value or {}).get(key)
-                if value is not None:
-                    out.append(value)
-            return out
-
-        pointing = values("coco_mini/pointing_accuracy")
-        lines.append(
-            f"| {recipe}{' (no attention)' if ablation else ''} | {len(group)} | "
-            + " | ".join(cell(values(f"val/{m}")) for m in METRICS)
-            + f" | {cell(values('diversity/vocabulary_used'), 0)} | {cell(values('diversity/distinct_captions'), 2)} | "
-            f"{cell(values('diversity/repeated_bigram'), 2)} | "
-            f"{cell(values('attention/mean_entropy'), 2) if values('attention/mean_entropy') else '–'} | "
-            f"{cell(values('attention/peak_ratio'), 1) if values('attention/peak_ratio') else '–'} | "
-            + (f"{cell(pointing)} ({cell(values('coco_mini/uniform_pointing'))}, {cell(values('coco_mini/centre_pointing'))})"
-               if pointing else "–")
-            + f" | {cell([v / 60 for v in values('train_seconds')], 0)} |")
-    for name, scores in PAPER.items():
-        lines.append(f"| {name} | – | " + " | ".join(f"{scores[m]:.3f}" if m in scores else "–" for m in METRICS)
-                     + " | – | – | – | – | – | – | – |")
-    return "\n".join(lines)
+def save(name: str, row: dict, inputs: list[str]) -> None:
+    """Add ``row`` to the study's one result, ``benchmarks/results/flickr8k_full.json`` (its table:
+    ``benchmarks/tables.py``), beside the runs saved before: each run keeps its own machine block. Runs measured
+    with other versions of the recipes or the code cannot sit beside this one: they are named, and the study
+    starts anew only with ``--restart``."""
+    path = RESULTS_DIR / f"{RESULTS}.json"
+    saved = json.loads(path.read_text()) if path.exists() else None
+    kept = dict(saved["result"]["runs"]) if saved else {}
+    if saved and stale_inputs(saved):
+        raise SystemExit(f"{path}: its runs ({', '.join(kept)}) were measured with other versions of "
+                         f"{', '.join(stale_inputs(saved))}; run them again with these (--restart drops them)")
+    kept[name] = {**row, "machine": machine_block()}
+    write_result(RESULTS, {"runs": dict(sorted(kept.items()))}, inputs=inputs)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    commands = parser.add_subparsers(dest="command", required=True)
-    one = commands.add_parser("run", help="train and score one run, saved to benchmarks/results/flickr8k_full/")
-    one.add_argument("kind", choices=sorted(KINDS))
-    one.add_argument("--seed", type=int, default=0)
-    one.add_argument("--ablation", action="store_true", help="the recipe's no-attention ablation")
-    one.add_argument("overrides", nargs="*", help="after --: overrides for a trial run (printed, not saved)")
-    commands.add_parser("table", help="the Markdown table of the saved runs")
+    parser.add_argument("kind", choices=sorted(KINDS), help="the recipe: flickr8k_full_KIND")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--ablation", action="store_true", help="the recipe's no-attention ablation")
+    parser.add_argument("--restart", action="store_true",
+                        help="drop the saved runs measured with other versions of the recipes or the code")
+    parser.add_argument("overrides", nargs="*", help="after --: overrides for a trial run (printed, not saved)")
     args = parser.parse_args()
-    if args.command == "run":
-        run(args.kind, args.seed, args.ablation, args.overrides)
-    else:
-        print(table(saved_runs()))
+    if args.restart:
+        (RESULTS_DIR / f"{RESULTS}.json").unlink(missing_ok=True)
+    run(args.kind, args.seed, args.ablation, args.overrides)
 
 
 if __name__ == "__main__":

@@ -12,28 +12,46 @@ attention score; a soft one is read as hard):
   with as many samples, which costs the same).
 * ``decode``: the validation captions decoded with each ``model.lstm.hard_decode`` (argmax, sample, expectation):
   CIDEr, distinct captions, attention entropy.
+* ``runs``: finished training runs side by side (hard variants and their soft control, trained by ``captioner
+  train`` with the overrides each run's ``config.yaml`` records against its recipe): validation scores per epoch
+  (the subset decoded during training), then the best checkpoint on all validation photos with each decoding,
+  and its pointing on ``../shared/data/coco-mini`` (the COCO photos with instance masks).
 
-Each prints one JSON object per line.
+``snr`` and ``runs`` write their result to ``benchmarks/results/`` (``--save NAME``), whose tables the docs show;
+``decode`` prints one JSON object per line.
 
-    python scripts/hard_attention_diagnosis.py snr runs/flickr8k_full/hard_s0/best.pt --draws 48
+    python scripts/hard_attention_diagnosis.py snr runs/diag/word_moving/best.pt --draws 48 --save hard_attention_snr
     python scripts/hard_attention_diagnosis.py decode runs/flickr8k_full/hard_s0/best.pt --split val
+    python scripts/hard_attention_diagnosis.py runs runs/diag/soft runs/diag/seq_moving ... --save hard_attention_runs
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
+from pathlib import Path
 
 import torch
+import yaml
 
 from captioner.checkpoint import load_model
 from captioner.commands.evaluate import evaluate_checkpoint
+from captioner.config import load_config, recipes
 from captioner.data.dataset import collate, make_dataset
 from captioner.data.readers import read_split
 from captioner.tokens import PAD_INDEX
 from captioner.utils import seed_everything
 
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from results import write_result  # noqa: E402  (the machine block and the inputs' SHA-256)
+
 REWARDS = ("sequence", "per_word")
+COCO_MINI = ROOT.parent / "shared" / "data" / "coco-mini"
+# what a result's numbers depend on besides the checkpoints it names
+CODE = ["captioner/models/lstm_decoder.py", "captioner/models/attention.py", "captioner/training/losses.py",
+        "scripts/hard_attention_diagnosis.py"]
 
 
 def training_batch(config, vocab, model, size: int, seed: int) -> dict:
@@ -95,10 +113,11 @@ def snr(args) -> None:
     targets = captions[:, 1:]
     soft = flat_gradient(torch.nn.functional.cross_entropy(out.logits.float(), targets[targets != PAD_INDEX]), parameters)
     decoder.config.expectation_probability = 0.0
+    rows = []
     for reward in REWARDS:
         # the moving baseline with as many samples as the caption baseline: the same cost, so what the caption
         # baseline adds beyond averaging more draws
-        for baseline, repeats in (("moving", 1), ("moving", args.samples), ("caption", args.samples)):
+        for baseline, repeats in [("moving", 1)] + [(b, k) for k in args.samples for b in ("moving", "caption")]:
             grads = []
             for _ in range(args.draws):
                 log_likelihood, location_log_prob, lengths = draw(decoder, regions, captions, repeats)
@@ -109,12 +128,14 @@ def snr(args) -> None:
             variance = (grads - mean).pow(2).sum(1).sum() / (args.draws - 1)     # trace of one draw's covariance
             # E |mean|^2 = |expected gradient|^2 + variance / draws: the signal without the draws' own noise
             signal = (mean.pow(2).sum() - variance / args.draws).clamp_min(0).sqrt()
-            print(json.dumps({"checkpoint": args.checkpoint, "reward": reward, "baseline": baseline,
-                              "location_samples": repeats, "draws": args.draws, "batch": args.batch,
-                              "snr": round((signal / variance.sqrt()).item(), 4),
-                              "cosine_with_expectation_gradient": round(torch.cosine_similarity(mean, soft, 0).item(), 4),
-                              "size_against_expectation_gradient": round((grads.norm(dim=1).mean() / soft.norm()).item(), 3)}),
-                  flush=True)
+            rows.append({"reward": reward, "baseline": baseline, "location_samples": repeats,
+                         "snr": round((signal / variance.sqrt()).item(), 4),
+                         "cosine_with_expectation_gradient": round(torch.cosine_similarity(mean, soft, 0).item(), 4),
+                         "size_against_expectation_gradient": round((grads.norm(dim=1).mean() / soft.norm()).item(), 3)})
+            print(json.dumps(rows[-1]), flush=True)
+    if args.save:
+        write_result(args.save, {"checkpoint": args.checkpoint, "draws": args.draws, "batch": args.batch,
+                                 "settings": rows}, inputs=CODE)
 
 
 def decode(args) -> None:
@@ -128,6 +149,61 @@ def decode(args) -> None:
                           "peak_ratio": attention.get("peak_ratio")}), flush=True)
 
 
+def differences(run: dict, recipe: dict, prefix: str = "") -> list[str]:
+    """The settings of a run's config (nested dicts) that differ from its recipe's, as ``section.key=value``."""
+    out = []
+    for key, value in run.items():
+        if isinstance(value, dict):
+            out += differences(value, recipe.get(key) or {}, f"{prefix}{key}.")
+        elif value != recipe.get(key) and f"{prefix}{key}" != "run.out":
+            out.append(f"{prefix}{key}={value}")
+    return out
+
+
+def coco_mini_overrides(features: str) -> list[str]:
+    """coco-mini as split ``test``: its official captions and instance masks, features cached beside the Flickr ones."""
+    annotations = COCO_MINI / "annotations"
+    return ["data.format=coco", f"data.captions={json.dumps({'test': str(annotations / 'captions_train2017.json')})}",
+            f"data.images={json.dumps({'test': str(COCO_MINI / 'train2017')})}",
+            f"data.instances={json.dumps({'test': str(annotations / 'instances_train2017.json')})}",
+            f"data.features={json.dumps(features + '_coco_mini')}"]
+
+
+def scored_run(folder: Path) -> dict:
+    """One finished run: what it changed against its recipe, its validation curve, and its best checkpoint on all
+    validation photos and on coco-mini with each decoding that applies."""
+    config = yaml.safe_load((folder / "config.yaml").read_text())
+    hard = config["model"]["lstm"]["attention_mode"] == "hard"
+    recipe = "flickr8k_full_hard" if hard else "flickr8k_full_soft"
+    curve = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines() if '"val"' in line]
+    row = {"run": folder.name, "recipe": recipe, "init_from": config["train"].get("init_from"),
+           "changes": differences(config, load_config(recipes()[recipe]).to_dict()),
+           "val_curve": [{"epoch": r["epoch"], "CIDEr": round(r["CIDEr"], 4)} for r in curve], "decoded": {}}
+    for mode in ("argmax", "expectation") if hard else ("soft",):
+        overrides = [f"model.lstm.hard_decode={mode}"] if hard else []
+        val = evaluate_checkpoint(folder / "best.pt", "val", out_dir=folder / f"val_{mode}", progress=False,
+                                  overrides=overrides)
+        coco = evaluate_checkpoint(folder / "best.pt", "test", out_dir=folder / f"coco_mini_{mode}", progress=False,
+                                   overrides=[*overrides, *coco_mini_overrides(config["data"]["features"])])
+        grounding = coco.get("grounding") or {}
+        row["decoded"][mode] = {
+            "images": val["images"], **{k: round(val[k], 4) for k in ("BLEU-4", "METEOR", "CIDEr")},
+            "distinct_captions": round(val["diversity"]["distinct_captions"], 4),
+            "vocabulary_used": val["diversity"]["vocabulary_used"],
+            "mean_entropy": round(val["attention"]["mean_entropy"], 3),
+            **{k: round(grounding[k], 4) for k in ("pointing_accuracy", "uniform_pointing", "centre_pointing")},
+            "grounded_words": grounding["words"]}
+        print(json.dumps({"run": folder.name, "decoding": mode, **row["decoded"][mode]}), flush=True)
+    return row
+
+
+def runs(args) -> None:
+    rows = [scored_run(Path(folder)) for folder in args.folders]
+    if args.save:
+        write_result(args.save, {"runs": rows}, inputs=[*CODE, "captioner/configs/flickr8k_full_hard.yaml",
+                                                        "captioner/configs/flickr8k_full_soft.yaml"])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -135,15 +211,20 @@ def main() -> None:
     measure.add_argument("checkpoint")
     measure.add_argument("--draws", type=int, default=48, help="gradient estimates drawn per setting")
     measure.add_argument("--batch", type=int, default=64, help="captions in the fixed batch")
-    measure.add_argument("--samples", type=int, default=4, help="location samples per caption for the caption baseline")
+    measure.add_argument("--samples", type=int, nargs="+", default=[2, 4],
+                         help="location samples per caption for the caption baseline (and the moving one beside it)")
     measure.add_argument("--seed", type=int, default=0)
+    measure.add_argument("--save", metavar="NAME", help="also write benchmarks/results/NAME.json")
     decoding = commands.add_parser("decode", help="validation scores with each hard_decode")
     decoding.add_argument("checkpoint")
     decoding.add_argument("--split", default="val")
     decoding.add_argument("--out", default="runs/hard_decode")
     decoding.add_argument("overrides", nargs="*", help="section.key=value overrides of the checkpoint's config")
+    scored = commands.add_parser("runs", help="finished runs side by side, scored on val and coco-mini")
+    scored.add_argument("folders", nargs="+", help="run folders (best.pt, config.yaml, metrics.jsonl)")
+    scored.add_argument("--save", metavar="NAME", help="also write benchmarks/results/NAME.json")
     args = parser.parse_args()
-    {"snr": snr, "decode": decode}[args.command](args)
+    {"snr": snr, "decode": decode, "runs": runs}[args.command](args)
 
 
 if __name__ == "__main__":
