@@ -24,7 +24,7 @@ from captioner.config import recipes  # noqa: E402
 ROW_KEYS = ("BLEU-1", "BLEU-4", "METEOR", "ROUGE-L", "CIDEr", "object_precision", "relation_accuracy",
             "pointing_accuracy", "epochs", "train_seconds", "done_after_seconds")
 # What the demo's numbers depend on beside the recipes: the runner and the data it generates.
-DEMO_CODE = ("captioner/demo.py", "captioner/data/shapes.py")
+DEMO_CODE = ("captioner/commands/demo.py", "captioner/commands/demo_job.py", "captioner/data/shapes.py")
 
 
 def demo_result(summary: dict) -> dict:
