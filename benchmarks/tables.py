@@ -140,7 +140,7 @@ def hard_attention_runs(result: dict) -> list[str]:
     """Hard-attention variants and their soft control at one budget (``scripts/hard_attention_diagnosis.py
     runs``): what each changed, validation CIDEr per epoch, and the best checkpoint on all validation photos and on
     coco-mini with each decoding."""
-    lines = header("run", "changes against its recipe", "val CIDEr by epoch (subset)", "decoding", "BLEU-4",
+    lines = header("run", "differs from the shipped recipe", "val CIDEr by epoch (subset)", "decoding", "BLEU-4",
                    "METEOR", "CIDEr", "distinct", "words used", "entropy", "coco-mini pointing (uniform, centre)")
     for run in result["runs"]:
         changes = ", ".join(f"`{c}`" for c in run["changes"] if not c.startswith(("train.epochs", "train.val_max")))

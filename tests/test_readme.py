@@ -98,19 +98,21 @@ def test_every_captioner_command_shown_parses(page, command):
             assert (ROOT / token).is_file(), f"{page}: {command}: no {token}"
 
 
-# Prints {script: what `python script --help` prints} for the scripts named in argv, all in one process (torch
-# imported once, not once per script), each run as __main__ with its folder first on sys.path.
+# Prints {name: what `python script [subcommand] --help` prints} for the names in argv (``script`` or
+# ``script subcommand``), all in one process (torch imported once, not once per script), each run as __main__ with
+# its folder first on sys.path.
 HELP_OF_EACH = """
 import contextlib, io, json, runpy, sys
 from pathlib import Path
 printed = {}
-for script in sys.argv[1:]:
-    sys.argv, buffer = [script, "--help"], io.StringIO()
+for name in sys.argv[1:]:
+    script, *subcommand = name.split()
+    sys.argv, buffer = [script, *subcommand, "--help"], io.StringIO()
     sys.path.insert(0, str(Path(script).parent))
     with contextlib.redirect_stdout(buffer), contextlib.suppress(SystemExit):
         runpy.run_path(script, run_name="__main__")
     sys.path.pop(0)
-    printed[script] = buffer.getvalue()
+    printed[name] = buffer.getvalue()
 json.dump(printed, sys.__stdout__)
 """
 
@@ -130,6 +132,11 @@ def test_every_script_make_target_and_benchmark_shown_exists():
     for script in python_scripts:
         assert (ROOT / script).is_file(), script
     help_text = help_of_each(python_scripts)
+    # a script of subcommands ({snr,decode,runs} in its usage): the options are those of the subcommand shown
+    subcommands = sorted({f"{tokens[1]} {tokens[2]}" for tokens in map(shlex.split, commands)
+                          if tokens[0] in ("python", "python3") and tokens[1] in help_text and len(tokens) > 2
+                          and re.search(rf"{{[\w,-]*\b{re.escape(tokens[2])}\b[\w,-]*}}", help_text[tokens[1]])})
+    help_text |= help_of_each(subcommands) if subcommands else {}
     for command in commands:
         tokens = shlex.split(command)
         if tokens[0] == "make":
@@ -145,7 +152,8 @@ def test_every_script_make_target_and_benchmark_shown_exists():
             if script.suffix == ".sh":
                 assert subprocess.run(["bash", "-n", str(script)]).returncode == 0, command
         elif tokens[0] in ("python", "python3") and tokens[1].startswith(("benchmarks/", "scripts/")):
-            script = tokens[1]
+            script = f"{tokens[1]} {tokens[2]}" if f"{tokens[1]} {tokens[2] if len(tokens) > 2 else ''}" in help_text \
+                else tokens[1]
             assert help_text[script], f"{script} --help printed nothing"
             for flag in re.findall(r"--[a-z][a-z-]*", " ".join(without_optional_parts(tokens[2:])) + " "
                                    + " ".join(re.findall(r"\[(--[a-z-]+)", command))):
