@@ -139,14 +139,14 @@ def hard_attention_snr(result: dict) -> list[str]:
 def hard_attention_runs(result: dict) -> list[str]:
     """Hard-attention variants and their soft control at one budget (``scripts/hard_attention_diagnosis.py
     runs``): what each changed, validation CIDEr per epoch, and the best checkpoint on all validation photos and on
-    coco-mini with each decoding."""
+    coco-mini with each decoding (a row each; the run's own cells on its first)."""
     lines = header("run", "differs from the shipped recipe", "val CIDEr by epoch (subset)", "decoding", "BLEU-4",
                    "METEOR", "CIDEr", "distinct", "words used", "entropy", "coco-mini pointing (uniform, centre)")
     for run in result["runs"]:
         changes = ", ".join(f"`{c}`" for c in run["changes"] if not c.startswith(("train.epochs", "train.val_max")))
-        for mode, scored in run["decoded"].items():
-            lines.append(row(f"`{run['run']}`", changes or "–",
-                             ", ".join(number(point["CIDEr"]) for point in run["val_curve"]), mode,
+        for first, (mode, scored) in zip((True, False, False), run["decoded"].items()):
+            named = (f"`{run['run']}`", changes or "–", ", ".join(number(point["CIDEr"]) for point in run["val_curve"]))
+            lines.append(row(*(named if first else ("", "", "")), mode,
                              number(scored["BLEU-4"]), number(scored["METEOR"]), number(scored["CIDEr"]),
                              number(scored["distinct_captions"], 2), scored["vocabulary_used"],
                              number(scored["mean_entropy"], 2),
