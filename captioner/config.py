@@ -122,6 +122,9 @@ class TrainConfig:
     objective: str = setting("xe", "xe: cross-entropy (the loss section) | scst: self-critical training on CIDEr-D",
                              choices=("xe", "scst"))
     scst_after_epoch: int = setting(0, "objective scst: this many epochs of cross-entropy first", minimum=0)
+    expectation_epochs: int = setting(
+        0, "hard attention: this many epochs first in which every caption reads alpha's expectation (no location "
+        "sampled: a warm start), then model.lstm.expectation_probability", minimum=0)
     scst_samples: int = setting(5, "objective scst: captions sampled per image (train.batch_size counts images)",
                                 minimum=1)
     scst_baseline: str = setting(

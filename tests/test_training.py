@@ -316,6 +316,23 @@ def learning_rates(schedule: str, warmup: int, steps: int, steps_per_epoch: int 
     return rates
 
 
+def test_hard_attention_warm_start_reads_the_expectation_then_samples(tiny_coco, tmp_path):
+    hard = {"lstm": {"attention_mode": "hard", "expectation_probability": 0.0}}
+    warm = train(tiny_config(tiny_coco, tmp_path / "warm", model=hard, train={"expectation_epochs": 1}))
+    steps = [json.loads(line) for line in (tmp_path / "warm" / "metrics.jsonl").read_text().splitlines()]
+    reinforce = {epoch: [s["reinforce"] for s in steps if s["type"] == "train" and s["epoch"] == epoch] for epoch in (1, 2)}
+    assert reinforce[1] and all(r == 0 for r in reinforce[1])   # no location sampled in the warm-up epoch
+    assert any(r != 0 for r in reinforce[2])                    # then every caption samples (probability 0)
+    assert load_checkpoint(warm["checkpoint"])["config"]["model"]["lstm"]["expectation_probability"] == 0.0
+    # its first epoch is a run whose captions all read the expectation, to the last weight
+    one = train(tiny_config(tiny_coco, tmp_path / "one", model=hard, train={"epochs": 1, "expectation_epochs": 1}))
+    always = {"lstm": {"attention_mode": "hard", "expectation_probability": 1.0}}
+    other = train(tiny_config(tiny_coco, tmp_path / "always", model=always, train={"epochs": 1}))
+    first, second = (load_checkpoint(r["checkpoint"].replace("best", "last"))["model"] for r in (one, other))
+    for name, weight in first.items():
+        torch.testing.assert_close(weight, second[name], rtol=0, atol=0)
+
+
 def test_learning_rate_schedules_per_step():
     warm = learning_rates("rsqrt", warmup=4, steps=16)
     assert warm[:4] == pytest.approx([0.25, 0.5, 0.75, 1.0])                     # linear warm-up

@@ -11,10 +11,11 @@ in a :class:`TrainState`.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
-import dataclasses
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
@@ -404,9 +405,31 @@ def log_step(run: Run, state: TrainState, losses: dict, words_per_s: float, obje
     run.logger.log(record)
 
 
+@contextmanager
+def expectation_only(decoder: nn.Module, on: bool):
+    """Hard attention's warm start (``train.expectation_epochs``): while ``on``, every training caption reads
+    alpha's expectation, as if ``model.lstm.expectation_probability`` were 1; the decoder's settings are restored
+    after."""
+    settings = getattr(decoder, "config", None)
+    if not (on and getattr(decoder, "hard", False)):
+        yield
+        return
+    decoder.config = dataclasses.replace(settings, expectation_probability=1.0)
+    try:
+        yield
+    finally:
+        decoder.config = settings
+
+
 def train_one_epoch(run: Run, state: TrainState, stop: GracefulStop, progress: bool = True) -> bool:
     """One pass over the loader, from ``state.batch_in_epoch`` on (a progress bar on rank 0 unless ``progress``
-    is False). Returns False when asked to stop part-way."""
+    is False), hard attention on the expectation during its first ``train.expectation_epochs``. Returns False
+    when asked to stop part-way."""
+    with expectation_only(run.model.decoder, state.epoch < run.config.train.expectation_epochs):
+        return _train_one_epoch(run, state, stop, progress)
+
+
+def _train_one_epoch(run: Run, state: TrainState, stop: GracefulStop, progress: bool) -> bool:
     train, objective = run.config.train, run.objective(state.epoch)
     loader = run.loaders[objective]
     loader.sampler.set_epoch(state.epoch, start=state.batch_in_epoch * run.rank_batch)
