@@ -106,7 +106,8 @@ def flickr8k_full(result: dict) -> list[str]:
         return found
 
     lines = header("run", "seeds", *CAPTION_METRICS, "words used", "distinct", "repeated bigram", "entropy",
-                   "coco-mini pointing (uniform, centre)", "train CPU min")
+                   "peak / uniform", "coco-mini pointing (uniform, centre)", "coco-mini mass in mask (uniform)",
+                   "train CPU min")
     for (recipe, ablation), runs in sorted(groups.items()):
         pointing = values(runs, "coco_mini", "pointing_accuracy")
         lines.append(row(f"`{recipe}`" + (" without attention" if ablation else ""), len(runs),
@@ -115,12 +116,15 @@ def flickr8k_full(result: dict) -> list[str]:
                          mean_spread(values(runs, "diversity", "distinct_captions"), 2),
                          mean_spread(values(runs, "diversity", "repeated_bigram"), 2),
                          mean_spread(values(runs, "attention", "mean_entropy"), 2),
+                         mean_spread(values(runs, "attention", "peak_ratio"), 1),
                          f"{mean_spread(pointing)} ({mean_spread(values(runs, 'coco_mini', 'uniform_pointing'))}, "
                          f"{mean_spread(values(runs, 'coco_mini', 'centre_pointing'))})" if pointing else "–",
+                         f"{mean_spread(values(runs, 'coco_mini', 'attention_inside'))} "
+                         f"({mean_spread(values(runs, 'coco_mini', 'uniform_inside'))})" if pointing else "–",
                          mean_spread([s / 60 for s in values(runs, "train_cpu_seconds")], 0)))
     for name, scores in PAPER_FLICKR8K.items():
         lines.append(row(f"Xu et al. 2015, {name} (test split)", "–",
-                         *(number(scores.get(m)) for m in CAPTION_METRICS), *(["–"] * 6)))
+                         *(number(scores.get(m)) for m in CAPTION_METRICS), *(["–"] * 8)))
     return lines
 
 
