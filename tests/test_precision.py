@@ -113,3 +113,25 @@ def test_a_run_states_its_decision_and_a_resumed_run_keeps_it(monkeypatch, tmp_p
     with caplog.at_level(logging.INFO, logger="captioner.training.engine"):
         train(tiny_config(tiny_coco, tmp_path / "run", train={"amp": "auto", "epochs": 2}), resume=True)
     assert not calls and "precision: bf16 autocast (as decided when the run started)" in caplog.text
+
+
+def test_a_slow_probe_still_measures_its_minimum_of_pairs_and_takes_their_median(monkeypatch, model_and_loss):
+    """However slow a step is, the probe times PROBE_MIN_PAIRS interleaved pairs, and one pair slowed down by
+    another process (here: a float32 step taking 100x its time) does not decide."""
+    model, loss = model_and_loss
+    monkeypatch.setattr(precision, "PROBE_SECONDS", 0.0)
+    steps = []
+    clock = iter(range(10**6))
+    monkeypatch.setattr(precision.time, "perf_counter", lambda: float(next(clock)))
+
+    def timed_forward(regions, captions, forward=model.decoder.forward):
+        steps.append(torch.is_autocast_enabled("cpu"))
+        if len(steps) == 3:         # the first measured step (float32): 100 ticks instead of 1
+            for _ in range(99):
+                next(clock)
+        return forward(regions, captions)
+    monkeypatch.setattr(model.decoder, "forward", timed_forward)
+    ratio = precision.bf16_step_ratio(model, loss, 20, 64, torch.device("cpu"))
+    assert len(steps) == 2 + 2 * precision.PROBE_MIN_PAIRS       # warm-up pair, then the minimum
+    assert steps[2:] == [False, True, True, False] * (precision.PROBE_MIN_PAIRS // 2)
+    assert ratio == 1.0
