@@ -133,10 +133,8 @@ def bf16_step_ratio(model: nn.Module, loss: nn.Module, vocab_size: int, batch_si
     :data:`PROBE_WORDS` words, ``min(batch_size, PROBE_BATCH)`` of them. On a CPU it measures one core (one torch
     thread): the ratio is the same per core, and where other processes share the machine, several threads wait on
     each other at every operation, which made single samples of the ratio range from 0.2 to 4 on a loaded 2-core
-    machine (0.85-0.90 at one thread). At least :data:`PROBE_MIN_PAIRS` pairs: with two, the Flickr8k hard recipe's
-    decoder beside another training run measured 0.8 or more one time in ten, where training in bf16 ran 1.7x as
-    fast. Weights, gradients, the loss's state, the random generators and the thread count are as they were
-    before."""
+    machine (0.85-0.90 at one thread). At least :data:`PROBE_MIN_PAIRS` pairs, however slow a step is. Weights,
+    gradients, the loss's state, the random generators and the thread count are as they were before."""
     grid, dim = model.encoder.grid, model.encoder.feature_dim
     batch = min(batch_size, PROBE_BATCH)
     loss_state = copy.deepcopy(loss.state_dict())
