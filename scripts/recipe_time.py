@@ -1,0 +1,102 @@
+"""How long a shipped recipe takes, end to end, on the machine at hand: the time users are promised (the
+``flickr8k_full_*`` recipes: at most 45 minutes on a 2-core CPU).
+
+It trains the recipe as it ships (seed 0, its epochs and validations, ``amp: auto``) with every core this process
+may use as torch threads, then scores the best checkpoint on the whole validation split (beam and decoding of the
+recipe), and writes the wall time of each, with the machine, the load on it before the run started, the precision
+chosen, the epochs and the validation CIDEr, into ``benchmarks/results/recipe_times.json`` beside the recipes and
+machines timed before (one entry per recipe and device). The docs' results page renders it as a table. Run it on an
+otherwise idle machine: a second job on the same cores would be timed too, and the entry's ``load_before`` says
+whether one was there.
+
+    python scripts/recipe_time.py flickr8k_full_hard          # on the CPU, or on the GPU where there is one
+    python scripts/render_results.py                          # the table on docs/results.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from results import RESULTS_DIR, load_results, machine_block, stale_inputs, write_result  # noqa: E402
+
+from captioner.utils import LOG_FORMAT  # noqa: E402
+from captioner.config import load_config, recipes  # noqa: E402
+
+RESULTS = "recipe_times"
+RUNS = ROOT / "runs" / "recipe_times"
+# the code a recipe's time depends on, hashed beside the recipe: a change to any of them makes its time stale
+CODE = ["captioner/models/lstm_decoder.py", "captioner/models/transformer_decoder.py", "captioner/models/attention.py",
+        "captioner/training/losses.py", "captioner/training/engine.py", "captioner/training/precision.py",
+        "captioner/decoding/search.py", "scripts/recipe_time.py"]
+
+
+def device_name() -> str:
+    """The device a run trains on, as its entry is keyed: ``cpu`` or the GPU's name."""
+    import torch
+
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+
+
+def time_recipe(name: str, overrides: list[str]) -> dict:
+    """Train recipe ``name`` (seed 0) and score its best checkpoint on all validation photos; the timings."""
+    import torch
+
+    from captioner.commands.evaluate import evaluate_checkpoint
+    from captioner.training.engine import train
+    from captioner.utils import usable_cores
+
+    torch.set_num_threads(usable_cores())
+    load_before = [round(x, 2) for x in os.getloadavg()]
+    config = load_config(recipes()[name], [f"run.out={RUNS / name}", *overrides])
+    started = time.perf_counter()
+    trained = train(config, overwrite=True)
+    train_seconds = time.perf_counter() - started
+    started = time.perf_counter()
+    val = evaluate_checkpoint(trained["checkpoint"], "val", out_dir=RUNS / name, progress=False)
+    score_seconds = time.perf_counter() - started
+    progress = torch.load(Path(trained["checkpoint"]).with_name("last.pt"), weights_only=True,
+                          map_location="cpu")["progress"]
+    return {"recipe": name, "device": device_name(), "overrides": overrides, "epochs": trained["epochs"],
+            "precision": progress.get("amp"), "load_before": load_before,
+            "train_seconds": round(train_seconds, 1), "score_seconds": round(score_seconds, 1),
+            "validation_images": val["images"], "val_cider": round(val["CIDEr"], 4)}
+
+
+def save(entry: dict) -> None:
+    """Add ``entry`` to ``benchmarks/results/recipe_times.json`` (its table: ``benchmarks/tables.py``) beside the
+    entries of the other recipes and devices, each with its own machine block; an entry timed with other versions of
+    the recipes or the code is dropped, and the command says which."""
+    names = sorted(n for n in recipes() if n.startswith("flickr8k_full_"))
+    inputs = [*(f"captioner/configs/{n}.yaml" for n in names), *CODE]
+    saved = load_results().get(RESULTS)
+    kept = dict(saved["result"]["entries"]) if saved else {}
+    if saved and stale_inputs(saved):
+        print(f"{RESULTS_DIR / (RESULTS + '.json')}: dropping {', '.join(kept)}, timed with other versions of "
+              f"{', '.join(stale_inputs(saved))}", file=sys.stderr)
+        kept = {}
+    kept[f"{entry['recipe']} on {entry['device']}"] = {**entry, "machine": machine_block()}
+    write_result(RESULTS, {"entries": dict(sorted(kept.items()))}, inputs=inputs)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("recipe", choices=sorted(n for n in recipes() if n.startswith("flickr8k_full_")))
+    parser.add_argument("overrides", nargs="*", help="after --: overrides for a trial (printed, not saved)")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)   # the start-up lines: device, precision chosen
+    entry = time_recipe(args.recipe, args.overrides)
+    print(entry)
+    if not args.overrides:
+        save(entry)
+
+
+if __name__ == "__main__":
+    main()
