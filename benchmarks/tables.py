@@ -159,6 +159,23 @@ def hard_attention_runs(result: dict) -> list[str]:
     return lines
 
 
+def recipe_times(result: dict) -> list[str]:
+    """Each shipped Flickr8k recipe's wall time end to end (``scripts/recipe_time.py``), alone on its machine: training
+    with its validations, then scoring the best checkpoint on every validation photo."""
+    lines = header("recipe", "device", "precision", "epochs", "train min", "score min", "total min",
+                   "load before (1 min)", "val CIDEr")
+    for entry in result["entries"].values():
+        machine = entry["machine"]
+        device = (entry["device"] if entry["device"] != "cpu" else
+                  f"{machine['cpu']}, {machine['cores']} cores, {machine['threads']} torch threads")
+        lines.append(row(f"`{entry['recipe']}`", device, "bf16" if entry["precision"] else "float32", entry["epochs"],
+                         number(entry["train_seconds"] / 60, 1), number(entry["score_seconds"] / 60, 1),
+                         number((entry["train_seconds"] + entry["score_seconds"]) / 60, 1),
+                         number(entry["load_before"][0], 2), number(entry["val_cider"])))
+    return lines
+
+
 TABLES: dict[str, Callable[[dict], list[str]]] = {
     "demo": demo, "scaling": scaling, "scst": scst, "decode_beside_python": decode_beside_python,
-    "flickr8k_full": flickr8k_full, "hard_attention_snr": hard_attention_snr, "hard_attention_runs": hard_attention_runs}
+    "flickr8k_full": flickr8k_full, "hard_attention_snr": hard_attention_snr, "hard_attention_runs": hard_attention_runs,
+    "recipe_times": recipe_times}
