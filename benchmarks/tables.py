@@ -175,7 +175,19 @@ def recipe_times(result: dict) -> list[str]:
     return lines
 
 
+def flickr8k_ensembles(result: dict) -> list[str]:
+    """Ensembles of the Flickr8k study's runs (``scripts/flickr8k_ensemble.py``) on the 1,000 validation photos, with
+    the CPU time their members took to train together."""
+    lines = header("members", *CAPTION_METRICS, "words used", "distinct", "members' train CPU min")
+    for entry in result["ensembles"].values():
+        lines.append(row(" + ".join(f"`{m}`" for m in entry["members"]),
+                         *(number(entry["val"][m]) for m in CAPTION_METRICS),
+                         entry["diversity"]["vocabulary_used"], number(entry["diversity"]["distinct_captions"], 2),
+                         number(entry["members_train_cpu_seconds"] / 60, 0)))
+    return lines
+
+
 TABLES: dict[str, Callable[[dict], list[str]]] = {
     "demo": demo, "scaling": scaling, "scst": scst, "decode_beside_python": decode_beside_python,
     "flickr8k_full": flickr8k_full, "hard_attention_snr": hard_attention_snr, "hard_attention_runs": hard_attention_runs,
-    "recipe_times": recipe_times}
+    "recipe_times": recipe_times, "flickr8k_ensembles": flickr8k_ensembles}

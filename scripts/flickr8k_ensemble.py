@@ -1,0 +1,60 @@
+"""Ensembles of the Flickr8k study's runs (``scripts/flickr8k_study.py``): their best checkpoints decoded together
+(each step averages the members' word probabilities: ``captioner.decoding.ensemble``) and scored on all 1,000
+validation photos, as ``captioner evaluate A.pt B.pt ...`` does. Each ensemble is written, with its members, their
+summed training time from the study's JSON and the machine, into ``benchmarks/results/flickr8k_ensembles.json``
+beside the ensembles scored before; the docs' results page renders it. The members' checkpoints must still be in
+``runs/flickr8k_full`` (they are never committed).
+
+    python scripts/flickr8k_ensemble.py soft_s0 soft_s1 soft_s2
+    python scripts/render_results.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT / "benchmarks"), str(ROOT / "scripts")]
+
+from flickr8k_study import CODE, KINDS, METRICS, RESULTS, RUNS  # noqa: E402
+from results import RESULTS_DIR, load_results, machine_block, stale_inputs, write_result  # noqa: E402
+
+ENSEMBLES = "flickr8k_ensembles"
+
+
+def score(members: list[str]) -> dict:
+    """The ensemble of the study's runs ``members`` on all validation photos (beam and decoding of the first)."""
+    from captioner.commands.evaluate import evaluate_checkpoint
+
+    study = load_results()[RESULTS]["result"]["runs"]
+    missing = [m for m in members if m not in study or not (RUNS / m / "best.pt").is_file()]
+    if missing:
+        raise SystemExit(f"{', '.join(missing)}: not a run of {RESULTS_DIR / (RESULTS + '.json')} with its best.pt "
+                         f"in {RUNS}")
+    val = evaluate_checkpoint([RUNS / m / "best.pt" for m in members], "val",
+                              out_dir=ROOT / "runs" / "ensembles" / "+".join(members), progress=False)
+    return {"members": members, "validation_images": val["images"],
+            "val": {k: round(val[k], 4) for k in METRICS},
+            "diversity": {k: round(v, 4) for k, v in val["diversity"].items()},
+            "members_train_cpu_seconds": round(sum(study[m]["train_cpu_seconds"] for m in members), 1)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("members", nargs="+", help="runs of the study, e.g. soft_s0 transformer_s0")
+    args = parser.parse_args()
+    entry = score(args.members)
+    print(json.dumps(entry, indent=1))
+    saved = load_results().get(ENSEMBLES)
+    kept = dict(saved["result"]["ensembles"]) if saved and not stale_inputs(saved) else {}
+    kept["+".join(args.members)] = {**entry, "machine": machine_block()}
+    inputs = [*(f"captioner/configs/{r}.yaml" for r in KINDS.values()), *CODE, "captioner/decoding/ensemble.py",
+              "scripts/flickr8k_ensemble.py"]
+    write_result(ENSEMBLES, {"ensembles": dict(sorted(kept.items()))}, inputs=inputs)
+
+
+if __name__ == "__main__":
+    main()
