@@ -68,7 +68,8 @@ class LossConfig:
     doubly_stochastic_scale: str = setting(
         "caption", "caption: the term per caption | word: per word, as the cross-entropy (the paper's balance)",
         choices=("caption", "word"))
-    label_smoothing: float = setting(0.0, "mix of the uniform distribution into the word targets", minimum=0, below=1)
+    label_smoothing: float = setting(0.0, "mix of the uniform distribution into the word targets (not applied by hard "
+                                     "attention's loss)", minimum=0, below=1)
     entropy_weight: float = setting(0.002, "hard attention: lambda_e of the entropy bonus", minimum=0)
     baseline_decay: float = setting(0.9, "hard attention: b_k = decay * b_{k-1} + (1 - decay) * reward",
                                     minimum=0, maximum=1)
@@ -195,6 +196,10 @@ class Config:
                 and lstm.location_samples < 2):
             raise CaptionerError("loss.hard_baseline=caption compares a caption's location samples with one "
                                  "another: set model.lstm.location_samples to 2 or more")
+        if self.model.decoder == "lstm" and lstm.attention_mode == "hard" and self.loss.label_smoothing > 0:
+            log.warning("loss.label_smoothing=%g is not applied with model.lstm.attention_mode=hard: hard attention's "
+                        "loss trains on the unsmoothed likelihood (set loss.label_smoothing=0 to say so)",
+                        self.loss.label_smoothing)
         return self
 
 
