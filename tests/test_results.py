@@ -85,3 +85,17 @@ def test_a_table_without_a_result_fails_the_check(copy_with_a_result):
     root, results, page = copy_with_a_result
     page.write_text(page.read_text() + "\n<!-- results:nowhere -->\n<!-- /results:nowhere -->\n")
     assert differences(root, results) == ["docs/results.md: results table 'nowhere' has no result: no results/nowhere.json"]
+
+
+def test_recipe_times_names_the_cpu_with_its_threads_and_a_gpu_by_its_name():
+    from tables import recipe_times
+
+    machine = {"cpu": "Some CPU", "cores": 2, "threads": 2}
+    timed = {"recipe": "flickr8k_full_soft", "precision": True, "epochs": 12, "train_seconds": 1560.0,
+             "score_seconds": 15.0, "load_before": [0.1, 0.2, 0.3], "val_cider": 0.468}
+    lines = recipe_times({"entries": {
+        "on cpu": {**timed, "device": "cpu", "machine": machine},
+        "on gpu": {**timed, "device": "NVIDIA H100", "precision": False, "train_seconds": 120.0, "machine": machine}}})
+    assert lines[2] == ("| `flickr8k_full_soft` | Some CPU, 2 cores, 2 torch threads | bf16 | 12 | 26.0 | 0.2 | 26.2 "
+                        "| 0.10 | 0.468 |")
+    assert lines[3].startswith("| `flickr8k_full_soft` | NVIDIA H100 | float32 | 12 | 2.0 | 0.2 | 2.2 |")
