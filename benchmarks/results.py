@@ -101,6 +101,22 @@ def write_result(name: str, payload: dict, inputs: Sequence[str | Path], command
     return path
 
 
+def add_entry(name: str, section: str, key: str, entry: dict, inputs: Sequence[str | Path],
+              results_dir: Path = RESULTS_DIR) -> Path:
+    """Add ``entry``, with this machine's block, as ``key`` of the ``section`` mapping of the result ``name``, beside
+    the entries measured before (each keeps its own machine block); returns the result's path. Entries measured
+    with other versions of ``inputs`` are dropped, and stderr names them and the files that changed."""
+    path = results_dir / f"{name}.json"
+    saved = json.loads(path.read_text()) if path.exists() else None
+    kept = dict(saved["result"][section]) if saved else {}
+    if saved and stale_inputs(saved):
+        print(f"{path}: dropping {', '.join(kept)}, measured with other versions of "
+              f"{', '.join(stale_inputs(saved))}", file=sys.stderr)
+        kept = {}
+    kept[key] = {**entry, "machine": machine_block()}
+    return write_result(name, {section: dict(sorted(kept.items()))}, inputs=inputs, results_dir=results_dir)
+
+
 def report(name: str, payload: dict, inputs: Sequence[str | Path]) -> None:
     """What a benchmark script ends with: print ``payload`` as JSON (``run_all.py`` reads it) and write it as the
     result ``name`` (:func:`write_result`), saying where on stderr."""

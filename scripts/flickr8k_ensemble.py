@@ -2,8 +2,9 @@
 (each step averages the members' word probabilities: ``captioner.decoding.ensemble``) and scored on all 1,000
 validation photos, as ``captioner evaluate A.pt B.pt ...`` does. Each ensemble is written, with its members, their
 summed training time from the study's JSON and the machine, into ``benchmarks/results/flickr8k_ensembles.json``
-beside the ensembles scored before; the docs' results page renders it. The members' checkpoints must still be in
-``runs/flickr8k_full`` (they are never committed).
+beside the ensembles scored before (those scored with other versions of the code are dropped, and named); the
+docs' results page renders it. The members' checkpoints must still be in ``runs/flickr8k_full`` (they are never
+committed).
 
     python scripts/flickr8k_ensemble.py soft_s0 soft_s1 soft_s2
     python scripts/render_results.py
@@ -20,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "benchmarks"), str(ROOT / "scripts")]
 
 from flickr8k_study import CODE, KINDS, METRICS, RESULTS, RUNS  # noqa: E402
-from results import RESULTS_DIR, load_results, machine_block, stale_inputs, write_result  # noqa: E402
+from results import RESULTS_DIR, add_entry, load_results  # noqa: E402
 
 ENSEMBLES = "flickr8k_ensembles"
 
@@ -48,12 +49,9 @@ def main() -> None:
     args = parser.parse_args()
     entry = score(args.members)
     print(json.dumps(entry, indent=1))
-    saved = load_results().get(ENSEMBLES)
-    kept = dict(saved["result"]["ensembles"]) if saved and not stale_inputs(saved) else {}
-    kept["+".join(args.members)] = {**entry, "machine": machine_block()}
     inputs = [*(f"captioner/configs/{r}.yaml" for r in KINDS.values()), *CODE, "captioner/decoding/ensemble.py",
               "scripts/flickr8k_ensemble.py"]
-    write_result(ENSEMBLES, {"ensembles": dict(sorted(kept.items()))}, inputs=inputs)
+    add_entry(ENSEMBLES, "ensembles", "+".join(args.members), entry, inputs)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "benchmarks"), str(ROOT / "scripts")]
 from render_results import TABLE, differences, pages, render_page  # noqa: E402
-from results import load_results, stale_inputs, write_result  # noqa: E402
+from results import add_entry, load_results, stale_inputs, write_result  # noqa: E402
 
 RECORDS = load_results()
 MACHINE_KEYS = {"cpu", "cpu_flags", "cores", "threads", "gpu", "torch", "date", "commit"}
@@ -99,3 +99,12 @@ def test_recipe_times_names_the_cpu_with_its_threads_and_a_gpu_by_its_name():
     assert lines[2] == ("| `flickr8k_full_soft` | Some CPU, 2 cores, 2 torch threads | bf16 | 12 | 26.0 | 0.2 | 26.2 "
                         "| 0.10 | 0.468 |")
     assert lines[3].startswith("| `flickr8k_full_soft` | NVIDIA H100 | float32 | 12 | 2.0 | 0.2 | 2.2 |")
+
+
+def test_an_added_entry_sits_beside_those_before_each_with_its_machine(tmp_path):
+    recipe = "captioner/configs/demo_soft.yaml"
+    add_entry("timed", "entries", "b", {"seconds": 2.0}, inputs=[recipe], results_dir=tmp_path)
+    add_entry("timed", "entries", "a", {"seconds": 1.0}, inputs=[recipe], results_dir=tmp_path)
+    entries = json.loads((tmp_path / "timed.json").read_text())["result"]["entries"]
+    assert list(entries) == ["a", "b"] and entries["b"]["seconds"] == 2.0
+    assert all(MACHINE_KEYS <= set(entry["machine"]) for entry in entries.values())
