@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 from common import PeakMemory, add_arguments, memory_kib, setup
-from results import report
+from captioner.results.record import report
 
 ROOT = Path(__file__).resolve().parent.parent
 WORDS = ("a", "red", "blue", "green", "circle", "square", "left", "right", "of", "the", "above", "below")
@@ -123,7 +123,7 @@ def main() -> int:
     if not args.dir and not args.keep:
         shutil.rmtree(root, ignore_errors=True)
     report("cache_memory", {"benchmark": "cache_memory", "runs": runs},
-           inputs=[__file__, "benchmarks/common.py", "captioner/data/feature_cache.py", "captioner/data/dataset.py"])
+           configs=["demo_soft"], probes=["data demo_soft"])
     return 0
 
 

@@ -61,7 +61,7 @@ from pathlib import Path
 import numpy as np
 from captioner.utils import cpu_model
 from common import add_arguments
-from results import report
+from captioner.results.record import report
 from PIL import Image
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -695,8 +695,7 @@ def main() -> int:
             shutil.rmtree(root, ignore_errors=True)
     result["machine"]["load_average_at_end"] = [round(v, 2) for v in os.getloadavg()]
     result["targets"] = targets(result["runs"])
-    report("coco_scale", result, inputs=[__file__, "captioner/data/readers.py", "captioner/data/dataset.py",
-                                         "captioner/data/vocabulary.py", "captioner/configs/coco_soft.yaml"])
+    report("coco_scale", result, configs=["coco_soft"], probes=["text", "data coco_soft"])
     return 0
 
 

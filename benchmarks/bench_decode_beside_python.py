@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 from bench_serve import DEMO_SOFT, random_demo_checkpoint
 from common import add_arguments
-from results import report
+from captioner.results.record import report
 
 from captioner.data.shapes import generate_shapes
 from captioner.serve.checkpoints import load_served_models
@@ -100,8 +100,7 @@ def main() -> int:
         "ms_per_image_per_round": {name: [round(v, 2) for v in values] for name, values in measured.items()},
         "slowdown_beside_thread": round(median["beside_a_python_thread"] / median["alone"], 1),
         "slowdown_beside_process": round(median["beside_a_python_process"] / median["alone"], 2),
-    }, inputs=[__file__, "benchmarks/bench_serve.py", "captioner/serve/decoding_process.py",
-               "captioner/decoding/search.py", "captioner/configs/demo_soft.yaml"])
+    }, configs=["demo_soft"], probes=["data demo_soft", "decode demo_soft data.features=features"])
     return 0
 
 

@@ -52,7 +52,7 @@ from common import (
 )
 from torch.utils.flop_counter import FlopCounterMode
 from tutorial_reference import TutorialDecoder, tutorial_loss
-from results import report
+from captioner.results.record import report
 
 from captioner.decoding.search import beam_search
 from captioner.models.captioner import compile_decoder
@@ -156,8 +156,7 @@ def bench_beam(decoder: LSTMDecoder, beam: int, batch: int, images: int) -> floa
 
 
 FRESH = """
-import sys, time, torch
-sys.path.insert(0, {here!r})
+import time, torch
 from captioner.utils import keep_freed_memory
 if {allocator}:
     keep_freed_memory()
@@ -175,8 +174,9 @@ print({images} / (time.perf_counter() - started))
 
 
 def fresh_images_per_s(images: int, allocator: bool) -> float:
-    code = FRESH.format(here=str(HERE), allocator=allocator, threads=torch.get_num_threads(), images=images)
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    code = FRESH.format(allocator=allocator, threads=torch.get_num_threads(), images=images)
+    # run from this folder: `python -c` imports from the working folder first (bench_decoder, common)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=HERE)
     return float(done.stdout.strip().splitlines()[-1])
 
 
@@ -232,9 +232,8 @@ def main() -> None:
                 images = (32 if args.quick else 64) if batch > 1 else 8
                 result["beam_images_per_s"][f"k={beam},batch={batch}"] = bench_beam(decoder, beam, batch, images)
     result["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
-    report("lstm_decoder", result, inputs=[__file__, "benchmarks/common.py", "benchmarks/tutorial_reference.py",
-                                           "captioner/models/lstm_decoder.py", "captioner/models/attention.py",
-                                           "captioner/training/losses.py", "captioner/decoding/search.py"])
+    report("lstm_decoder", result, configs=["defaults"],
+           probes=["train defaults data.features=features", "decode defaults data.features=features"])
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from common import add_arguments, setup
 from PIL import Image
-from results import report
+from captioner.results.record import report
 
 from captioner.data.feature_cache import build_feature_cache
 from captioner.data.images import image_transform
@@ -60,8 +60,8 @@ def main() -> None:
                 seconds = time.perf_counter() - started
                 result["images_per_s"][f"{name}, {workers} workers"] = round(len(records) / seconds, 1)
                 shutil.rmtree(folder)
-        report("feature_cache", result, inputs=[__file__, "benchmarks/common.py", "captioner/data/feature_cache.py",
-                                                "captioner/models/encoder.py", "captioner/data/images.py"])
+        report("feature_cache", result, configs=["defaults", "demo_soft"],
+               probes=["data defaults", "data demo_soft"])
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

@@ -16,16 +16,15 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import END, add_arguments, machine_facts, setup  # noqa: E402
-from results import report  # noqa: E402
+from common import END, add_arguments, machine_facts, setup
+
+from captioner.results.record import report
 
 from captioner.config import load_config
 from captioner.data.vocabulary import Vocabulary
@@ -122,8 +121,8 @@ def main() -> None:
         result["decoders"][recipe] = bench_decoder(recipe, rounds, (1, 4) if args.quick else (1, 16))
     result["encoders"]["vgg19_224px"] = bench_encoder("vgg19", 224, 1 if args.quick else 4, rounds)
     result["encoders"]["mobilenet_v2_128px"] = bench_encoder("mobilenet_v2", 128, 16, rounds)
-    report("onnx", result, inputs=[__file__, "benchmarks/common.py", "captioner/export/onnx.py",
-                                   "captioner/decoding/search.py", *(f"captioner/configs/{name}.yaml" for name in RECIPES)])
+    report("onnx", result, configs=list(RECIPES),
+           probes=[f"decode {name} data.features=features" for name in RECIPES])
 
 
 if __name__ == "__main__":

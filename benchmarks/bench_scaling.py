@@ -21,7 +21,7 @@ import time
 
 import torch
 from common import END, RULES, START, VOCAB, PeakMemory, add_arguments, random_captions, setup, synchronise
-from results import report
+from captioner.results.record import report
 
 from captioner.config import load_config
 from captioner.decoding.search import beam_search
@@ -172,9 +172,10 @@ def main() -> None:
               "beam_by_size": beam_by_size(device, [1, 3, 5], [1, 32] if args.quick else [1, 32, 128],
                                            32 if args.quick else 256),
               "growth": growth(device, steps, args.quick)}
-    report("scaling", result, inputs=[__file__, "benchmarks/common.py", "captioner/models/lstm_decoder.py",
-                                      "captioner/models/attention.py", "captioner/models/transformer_decoder.py",
-                                      "captioner/training/losses.py", "captioner/decoding/search.py"])
+    configs = [" ".join(["defaults", *overrides]) for overrides in DECODERS.values()]
+    report("scaling", result, configs=configs,
+           probes=[f"train {c} data.features=features" for c in configs] + [
+               f"decode {c} data.features=features" for c in (configs[0], configs[2])])
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ import time
 
 import torch
 from common import RULES, VOCAB, add_arguments, setup, synchronise
-from results import report
+from captioner.results.record import report
 
 from captioner.data.vocabulary import Vocabulary
 from captioner.decoding.search import sample_captions
@@ -90,9 +90,8 @@ def main() -> None:
         total = sum(seconds.values())
         result[name] = {"images_per_s": round(IMAGES / total, 2), "step_s": round(total, 3),
                         "share": {k: round(v / total, 3) for k, v in seconds.items()}}
-    report("scst", result, inputs=[__file__, "benchmarks/common.py", "captioner/models/lstm_decoder.py",
-                                   "captioner/decoding/search.py", "captioner/training/rewards.py",
-                                   "captioner/training/scst.py"])
+    configs = ["defaults train.objective=scst", "defaults train.objective=scst train.scst_baseline=greedy"]
+    report("scst", result, configs=configs, probes=[f"train {c} data.features=features" for c in configs])
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 from common import add_arguments
-from results import report
+from captioner.results.record import report
 
 from captioner.checkpoint import build_model, save_checkpoint
 from captioner.config import load_config
@@ -208,9 +208,7 @@ def main() -> int:
             served = "configs/demo_soft.yaml, random weights"
         results = measure(args, checkpoint, images)
     report("serve", {"checkpoint": served, "server_threads": args.threads, "device": args.device, **results},
-           inputs=[__file__, "benchmarks/common.py", "captioner/serve/app.py", "captioner/serve/batching.py",
-                   "captioner/serve/decoding_process.py", "captioner/decoding/search.py",
-                   "captioner/configs/demo_soft.yaml"])
+           configs=["demo_soft"], probes=["data demo_soft", "decode demo_soft data.features=features"])
     return 0
 
 

@@ -42,7 +42,7 @@ import httpx
 import numpy as np
 from bench_serve import DEMO_SOFT, ROOT, live_server, random_demo_checkpoint, rss_mb
 from common import add_arguments
-from results import report
+from captioner.results.record import report
 from PIL import Image
 
 from captioner.data.shapes import generate_shapes
@@ -314,8 +314,7 @@ def main() -> int:
     report("serve_soak", {"checkpoint": served, "clients": CLIENTS, "hostile_clients": HOSTILE_CLIENTS,
                           "server_threads": args.threads, "device": args.device,
                           "load_average_before": [round(x, 2) for x in load_before], **results},
-           inputs=[__file__, "captioner/serve/app.py", "captioner/serve/limits.py", "captioner/serve/batching.py",
-                   "captioner/serve/decoding_process.py", "captioner/configs/demo_soft.yaml"])
+           configs=["demo_soft"], probes=["data demo_soft", "decode demo_soft data.features=features"])
     return 0
 
 

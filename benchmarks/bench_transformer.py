@@ -37,7 +37,7 @@ from common import (
     synchronise,
     training_step,
 )
-from results import report
+from captioner.results.record import report
 
 from captioner.config import load_config
 from captioner.decoding.search import beam_search
@@ -138,10 +138,9 @@ def main() -> None:
         "images_per_s_cache": cached_speed, "images_per_s_no_cache": uncached_speed,
         "speed_up": round(cached_speed / uncached_speed, 2), "same_captions": cached_captions == uncached_captions,
         "words_per_caption": sorted({len(c) for c in cached_captions})}
-    report("transformer_decoder", result, inputs=[__file__, "benchmarks/common.py", "captioner/models/transformer_decoder.py",
-                                                  "captioner/models/lstm_decoder.py", "captioner/decoding/search.py",
-                                                  "captioner/configs/flickr8k_transformer.yaml",
-                                                  "captioner/configs/flickr8k_soft.yaml"])
+    configs = ["flickr8k_transformer", "flickr8k_soft"]
+    report("transformer_decoder", result, configs=configs,
+           probes=[f"{probe} {c}" for c in configs for probe in ("train", "decode")])
 
 
 if __name__ == "__main__":

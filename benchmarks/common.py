@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from captioner.decoding.search import TokenRules
-from results import cpu_flags
+from captioner.results.record import cpu_flags
 
 START, END = 1, 2
 RULES = TokenRules(START, END)    # no <unk> suppression: random captions have no <unk> anyway

@@ -10,8 +10,8 @@ full-scale COCO rehearsal (a COCO-2014-shaped tree of 10,000, 40,000 and 123,287
 line, each stage's time and peak memory; about 10 minutes on a 2-core CPU and 1.1 GB kept under /tmp/coco_scale;
 --quick: one tree of 500 images in a temporary folder, a minute), and ONNX Runtime against torch for decoding (the COCO
 recipes' decoders, greedy and beam 3, 1 and 16 images) and encoding. Each script also runs alone; each prints its
-JSON and writes it, with the machine and the SHA-256 of what it measured, to benchmarks/results/NAME.json (the
-docs' results tables are rendered from those files: benchmarks/results.py).
+JSON and writes it, with the machine and what made its numbers, to benchmarks/results/NAME.json (the docs'
+results tables are rendered from those files: captioner.results).
 
     python benchmarks/run_all.py [--quick] [--threads N] [--device auto] [--only NAME ...] [--out results.json]
 """

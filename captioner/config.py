@@ -50,9 +50,9 @@ VALIDATION_METRICS = ("BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "ROUGE-L", "CIDEr"
 class RunConfig:
     """The ``run`` section: where a run writes and on what it runs."""
 
-    out: str = setting("runs/default", "run directory: checkpoints, metrics.jsonl, config.yaml")
+    out: str = setting("runs/default", "run directory: checkpoints, metrics.jsonl, config.yaml", affects_results=False)
     seed: int = setting(0, "seeds Python and torch; data order depends only on it and the epoch", minimum=0)
-    device: str = setting("auto", "auto | cpu | cuda | cuda:N")
+    device: str = setting("auto", "auto | cpu | cuda | cuda:N", affects_results=False)
 
     def check(self) -> None:
         check_settings(self, "run")
@@ -104,14 +104,16 @@ class TrainConfig:
                           choices=VALIDATION_METRICS)
     val_beam: int = setting(1, "beam size for validation decoding (1 = greedy)", minimum=1)
     val_max_images: int = setting(1000, "validation decodes at most this many images", minimum=1)
-    checkpoint_every: int = setting(0, "also save 'last' every N steps (0 = at epoch ends only)", minimum=0)
+    checkpoint_every: int = setting(0, "also save 'last' every N steps (0 = at epoch ends only)", minimum=0,
+                                    affects_results=False)
     nonfinite: str = setting("stop", "a NaN/inf loss: stop (keeping the last good checkpoint) | skip the batch",
                              choices=("stop", "skip"))
-    log_every: int = setting(50, "a metrics.jsonl line every this many steps", minimum=1)
-    wandb: str = setting("offline", "offline | online | disabled", choices=("offline", "online", "disabled"))
-    wandb_project: str = setting("captioner", "the W&B project the run logs to")
-    wandb_entity: str | None = setting(None, "the W&B user or team; None = your default entity")
-    wandb_tags: list[str] = setting([], "W&B tags of the run, e.g. [coco, soft]")
+    log_every: int = setting(50, "a metrics.jsonl line every this many steps", minimum=1, affects_results=False)
+    wandb: str = setting("offline", "offline | online | disabled", choices=("offline", "online", "disabled"),
+                         affects_results=False)
+    wandb_project: str = setting("captioner", "the W&B project the run logs to", affects_results=False)
+    wandb_entity: str | None = setting(None, "the W&B user or team; None = your default entity", affects_results=False)
+    wandb_tags: list[str] = setting([], "W&B tags of the run, e.g. [coco, soft]", affects_results=False)
     amp: bool | str = setting(
         "auto", "mixed precision: auto | true | false. auto: on CUDA (bf16 where supported, else fp16 with a gradient "
         "scaler); on a CPU bf16 only where it has native bf16 and a start-up probe finds the step 1.25x faster",
@@ -119,7 +121,7 @@ class TrainConfig:
     compile: bool = setting(False, "torch.compile of the decoder's repeated work (LSTM step, Transformer layers)")
     channels_last: bool = setting(True, "channels-last memory format for the CNN when fine-tuning on CUDA")
     init_from: str | None = setting(
-        None, "a checkpoint to start from: its weights, vocabulary, model and encoder settings")
+        None, "a checkpoint to start from: its weights, vocabulary, model and encoder settings", affects_results=False)
     objective: str = setting("xe", "xe: cross-entropy (the loss section) | scst: self-critical training on CIDEr-D",
                              choices=("xe", "scst"))
     scst_after_epoch: int = setting(0, "objective scst: this many epochs of cross-entropy first", minimum=0)

@@ -21,12 +21,15 @@ from captioner.errors import CaptionerError
 
 
 def setting(default, meaning: str, *, minimum: float | None = None, maximum: float | None = None,
-            above: float | None = None, below: float | None = None, choices: Sequence | None = None):
+            above: float | None = None, below: float | None = None, choices: Sequence | None = None,
+            affects_results: bool = True):
     """A dataclass field that is a user setting: ``default``, its one-line ``meaning`` (the configuration
     reference prints it), and its bounds: ``minimum``/``maximum`` inclusive, ``above``/``below`` exclusive, or the
-    allowed ``choices``. A list or dict default is copied for each instance."""
+    allowed ``choices``. ``affects_results=False`` marks a path, an output or a log setting, which no number a run
+    produces depends on (a result does not record it: :mod:`captioner.results`). A list or dict default is copied
+    for each instance."""
     metadata = {"meaning": meaning, "minimum": minimum, "maximum": maximum, "above": above, "below": below,
-                "choices": None if choices is None else tuple(choices)}
+                "choices": None if choices is None else tuple(choices), "affects_results": affects_results}
     if isinstance(default, (list, dict)):
         return dataclasses.field(default_factory=functools.partial(copy.deepcopy, default), metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)

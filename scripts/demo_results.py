@@ -15,16 +15,16 @@ from pathlib import Path
 
 import torch
 
+from captioner.results.record import write_result
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from results import write_result  # noqa: E402
-
-from captioner.config import recipes  # noqa: E402
-
 ROW_KEYS = ("BLEU-1", "BLEU-4", "METEOR", "ROUGE-L", "CIDEr", "object_precision", "relation_accuracy",
             "pointing_accuracy", "epochs", "train_seconds", "done_after_seconds")
-# What the demo's numbers depend on beside the recipes: the runner and the data it generates.
-DEMO_CODE = ("captioner/commands/demo.py", "captioner/commands/demo_job.py", "captioner/data/shapes.py")
+# What made the demo's numbers: its recipes (soft_scst fine-tunes soft's model), and the code they run, reading
+# cached features; the shapes data, its data path, the words and the measures.
+CONFIGS = ["demo_soft", "demo_none", "demo_hard", "demo_transformer", "demo_soft_scst --init-from demo_soft"]
+PROBES = ["shapes", "text", "metrics", "data demo_soft",
+          *(f"{probe} {config} data.features=features" for config in CONFIGS for probe in ("train", "decode"))]
 
 
 def demo_result(summary: dict) -> dict:
@@ -46,8 +46,7 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     summary = json.loads(args.summary.read_text())
     command = args.command or shlex.join(["captioner", "demo", "--out", str(args.summary.parent)])
-    demo_recipes = [path for name, path in recipes().items() if name.startswith("demo_")]
-    path = write_result("demo", demo_result(summary), inputs=[*demo_recipes, *DEMO_CODE], command=command,
+    path = write_result("demo", demo_result(summary), configs=CONFIGS, probes=PROBES, command=command,
                         date=args.summary.stat().st_mtime, commit=args.commit)
     print(f"wrote {path.relative_to(ROOT)}")
     return 0

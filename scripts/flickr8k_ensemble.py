@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT / "benchmarks"), str(ROOT / "scripts")]
+from flickr8k_study import CONFIGS, KINDS, METRICS, PROBES, RESULTS, RUNS
 
-from flickr8k_study import CODE, KINDS, METRICS, RESULTS, RUNS  # noqa: E402
-from results import RESULTS_DIR, add_entry, load_results  # noqa: E402
+from captioner.results.record import RESULTS_DIR, add_entry, load_results
+
+ROOT = Path(__file__).resolve().parent.parent
 
 ENSEMBLES = "flickr8k_ensembles"
 
@@ -49,9 +48,8 @@ def main() -> None:
     args = parser.parse_args()
     entry = score(args.members)
     print(json.dumps(entry, indent=1))
-    inputs = [*(f"captioner/configs/{r}.yaml" for r in KINDS.values()), *CODE, "captioner/decoding/ensemble.py",
-              "scripts/flickr8k_ensemble.py"]
-    add_entry(ENSEMBLES, "ensembles", "+".join(args.members), entry, inputs)
+    add_entry(ENSEMBLES, "ensembles", "+".join(args.members), entry, configs=CONFIGS,
+              probes=[*PROBES, f"ensemble {' '.join(KINDS.values())}"])
 
 
 if __name__ == "__main__":

@@ -27,17 +27,11 @@ import sys
 import time
 from pathlib import Path
 
+from captioner.config import load_config, recipes
+from captioner.errors import CaptionerError
+from captioner.results.record import RESULTS_DIR, add_entry
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-from results import (  # noqa: E402  (benchmarks/results.py: the machine block and the inputs' SHA-256)
-    RESULTS_DIR,
-    machine_block,
-    stale_inputs,
-    write_result,
-)
-
-from captioner.config import load_config, recipes  # noqa: E402
 
 COCO_MINI = ROOT.parent / "shared" / "data" / "coco-mini"
 RESULTS = "flickr8k_full"
@@ -47,10 +41,10 @@ KINDS = {"soft": "flickr8k_full_soft", "hard": "flickr8k_full_hard", "transforme
 ABLATION = {"soft": ["model.lstm.attention=none", "model.lstm.attention_mode=soft"],
             "hard": ["model.lstm.attention=none", "model.lstm.attention_mode=soft"],
             "transformer": ["model.transformer.memory=mean"]}
-# the code a run's scores depend on, hashed beside its recipe: a change to any of them makes its JSON stale
-CODE = ["captioner/models/lstm_decoder.py", "captioner/models/transformer_decoder.py", "captioner/models/attention.py",
-        "captioner/training/losses.py", "captioner/training/engine.py", "captioner/decoding/search.py",
-        "captioner/data/text.py", "captioner/data/vocabulary.py", "scripts/flickr8k_study.py"]
+# what made the study's numbers: each recipe and its ablation, and the probes of the code they run
+CONFIGS = [*KINDS.values(), *(" ".join([KINDS[kind], *overrides]) for kind, overrides in ABLATION.items())]
+PROBES = ["text", "metrics", f"data {KINDS['soft']}", *(f"{probe} {config}" for config in CONFIGS
+                                                        for probe in ("train", "decode"))]
 METRICS = ("BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "METEOR", "ROUGE-L", "CIDEr")
 
 
@@ -116,23 +110,9 @@ def run(kind: str, seed: int, ablation: bool, extra: list[str]) -> dict:
     if extra:
         print(json.dumps(result, indent=1))
     else:
-        save(name, result, [*(f"captioner/configs/{r}.yaml" for r in KINDS.values()), *CODE])
+        # beside the runs saved before (its table: results.tables); runs made otherwise refuse it: --restart
+        add_entry(RESULTS, "runs", name, result, configs=CONFIGS, probes=PROBES, keep_stale=True)
     return result
-
-
-def save(name: str, row: dict, inputs: list[str]) -> None:
-    """Add ``row`` to the study's one result, ``benchmarks/results/flickr8k_full.json`` (its table:
-    ``benchmarks/tables.py``), beside the runs saved before: each run keeps its own machine block. Runs measured
-    with other versions of the recipes or the code cannot sit beside this one: they are named, and the study
-    starts anew only with ``--restart``."""
-    path = RESULTS_DIR / f"{RESULTS}.json"
-    saved = json.loads(path.read_text()) if path.exists() else None
-    kept = dict(saved["result"]["runs"]) if saved else {}
-    if saved and stale_inputs(saved):
-        raise SystemExit(f"{path}: its runs ({', '.join(kept)}) were measured with other versions of "
-                         f"{', '.join(stale_inputs(saved))}; run them again with these (--restart drops them)")
-    kept[name] = {**row, "machine": machine_block()}
-    write_result(RESULTS, {"runs": dict(sorted(kept.items()))}, inputs=inputs)
 
 
 def main() -> None:
@@ -141,12 +121,15 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--ablation", action="store_true", help="the recipe's no-attention ablation")
     parser.add_argument("--restart", action="store_true",
-                        help="drop the saved runs measured with other versions of the recipes or the code")
+                        help="drop the saved runs, made with other settings or another behaviour of the code")
     parser.add_argument("overrides", nargs="*", help="after --: overrides for a trial run (printed, not saved)")
     args = parser.parse_args()
     if args.restart:
         (RESULTS_DIR / f"{RESULTS}.json").unlink(missing_ok=True)
-    run(args.kind, args.seed, args.ablation, args.overrides)
+    try:
+        run(args.kind, args.seed, args.ablation, args.overrides)
+    except CaptionerError as err:
+        raise SystemExit(str(err)) from None
 
 
 if __name__ == "__main__":

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import torch
@@ -41,17 +40,43 @@ from captioner.config import load_config, recipes
 from captioner.data.dataset import collate, make_dataset
 from captioner.data.readers import read_split
 from captioner.tokens import PAD_INDEX
+from captioner.results.record import write_result
 from captioner.utils import seed_everything
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from results import write_result  # noqa: E402  (the machine block and the inputs' SHA-256)
-
 REWARDS = ("sequence", "per_word")
 COCO_MINI = ROOT.parent / "shared" / "data" / "coco-mini"
-# what a result's numbers depend on besides the checkpoints it names
-CODE = ["captioner/models/lstm_decoder.py", "captioner/models/attention.py", "captioner/training/losses.py",
-        "scripts/hard_attention_diagnosis.py"]
+HARD, SOFT = "flickr8k_full_hard", "flickr8k_full_soft"
+# a run's changes against its recipe that shape no number of its training step or decoding
+LENGTH_AND_START = ("train.epochs=", "train.val_max_images=", "train.init_from=", "run.seed=")
+
+
+def trained(*configs: str) -> list[str]:
+    """The probes of the code that trains and decodes with each of ``configs``."""
+    return [f"{probe} {config}" for config in configs for probe in ("train", "decode")]
+
+
+def runs_made_by(rows: list[dict]) -> tuple[list[str], list[str]]:
+    """The configs and probes of a ``runs`` result: the soft control, and each hard variant from the changes its
+    row records, decoded as the rows are (argmax and expectation)."""
+    configs, probes = [SOFT, HARD], ["text", "metrics", *trained(SOFT)]
+    for row in rows:
+        changes = [c for c in row["changes"] if not c.startswith(LENGTH_AND_START)]
+        if row["recipe"] == HARD and changes:
+            configs.append(" ".join([HARD, *changes]))
+            probes.append(f"train {configs[-1]}")
+    probes += [f"decode {HARD} model.lstm.hard_decode={decoding}" for decoding in ("argmax", "expectation")]
+    return list(dict.fromkeys(configs)), list(dict.fromkeys(probes))
+
+
+def snr_made_by(checkpoint_changes: list[str]) -> tuple[list[str], list[str]]:
+    """The config and probes of an ``snr`` result: the checkpoint's variant of the hard recipe with every row
+    sampled, under each reward, baseline and sample count the measurement covers."""
+    base = " ".join([HARD, *checkpoint_changes, "model.lstm.expectation_probability=0"])
+    variants = ["loss.hard_reward=sequence",
+                "loss.hard_reward=per_word model.lstm.location_samples=2 loss.hard_baseline=caption",
+                "loss.hard_reward=sequence model.lstm.location_samples=4 loss.hard_baseline=caption"]
+    return [base], [f"train {base} {variant}" for variant in variants]
 
 
 def training_batch(config, vocab, model, size: int, seed: int) -> dict:
@@ -134,8 +159,12 @@ def snr(args) -> None:
                          "size_against_expectation_gradient": round((grads.norm(dim=1).mean() / soft.norm()).item(), 3)})
             print(json.dumps(rows[-1]), flush=True)
     if args.save:
+        changes = [c for c in differences(config.to_dict(), load_config(recipes()[HARD]).to_dict())
+                   if not c.startswith(LENGTH_AND_START) and not c.startswith(("model.lstm.attention_mode=",
+                                                                               "model.lstm.expectation_probability="))]
+        configs, probes = snr_made_by(changes)
         write_result(args.save, {"checkpoint": args.checkpoint, "draws": args.draws, "batch": args.batch,
-                                 "settings": rows}, inputs=CODE)
+                                 "settings": rows}, configs=configs, probes=probes)
 
 
 def decode(args) -> None:
@@ -174,7 +203,7 @@ def scored_run(folder: Path) -> dict:
     validation photos and on coco-mini with each decoding that applies."""
     config = yaml.safe_load((folder / "config.yaml").read_text())
     hard = config["model"]["lstm"]["attention_mode"] == "hard"
-    recipe = "flickr8k_full_hard" if hard else "flickr8k_full_soft"
+    recipe = HARD if hard else SOFT
     curve = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines() if '"val"' in line]
     row = {"run": folder.name, "recipe": recipe, "init_from": config["train"].get("init_from"),
            "changes": differences(config, load_config(recipes()[recipe]).to_dict()),
@@ -200,8 +229,8 @@ def scored_run(folder: Path) -> dict:
 def runs(args) -> None:
     rows = [scored_run(Path(folder)) for folder in args.folders]
     if args.save:
-        write_result(args.save, {"runs": rows}, inputs=[*CODE, "captioner/configs/flickr8k_full_hard.yaml",
-                                                        "captioner/configs/flickr8k_full_soft.yaml"])
+        configs, probes = runs_made_by(rows)
+        write_result(args.save, {"runs": rows}, configs=configs, probes=probes)
 
 
 def main() -> None:

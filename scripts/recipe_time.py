@@ -18,24 +18,19 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import sys
 import time
 from pathlib import Path
 
+from captioner.config import load_config, recipes
+from captioner.results.record import add_entry
+from captioner.utils import LOG_FORMAT
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-from results import RESULTS_DIR, load_results, machine_block, stale_inputs, write_result  # noqa: E402
-
-from captioner.utils import LOG_FORMAT  # noqa: E402
-from captioner.config import load_config, recipes  # noqa: E402
-
 RESULTS = "recipe_times"
 RUNS = ROOT / "runs" / "recipe_times"
-# the code a recipe's time depends on, hashed beside the recipe: a change to any of them makes its time stale
-CODE = ["captioner/models/lstm_decoder.py", "captioner/models/transformer_decoder.py", "captioner/models/attention.py",
-        "captioner/training/losses.py", "captioner/training/engine.py", "captioner/training/precision.py",
-        "captioner/decoding/search.py", "scripts/recipe_time.py"]
+RECIPES = sorted(n for n in recipes() if n.startswith("flickr8k_full_"))
+# what a time depends on: the recipes' settings, and the code each recipe trains and decodes with
+PROBES = [f"{probe} {recipe}" for recipe in RECIPES for probe in ("train", "decode")]
 
 
 def device_name() -> str:
@@ -70,32 +65,17 @@ def time_recipe(name: str, overrides: list[str]) -> dict:
             "validation_images": val["images"], "val_cider": round(val["CIDEr"], 4)}
 
 
-def save(entry: dict) -> None:
-    """Add ``entry`` to ``benchmarks/results/recipe_times.json`` (its table: ``benchmarks/tables.py``) beside the
-    entries of the other recipes and devices, each with its own machine block; an entry timed with other versions of
-    the recipes or the code is dropped, and the command says which."""
-    names = sorted(n for n in recipes() if n.startswith("flickr8k_full_"))
-    inputs = [*(f"captioner/configs/{n}.yaml" for n in names), *CODE]
-    saved = load_results().get(RESULTS)
-    kept = dict(saved["result"]["entries"]) if saved else {}
-    if saved and stale_inputs(saved):
-        print(f"{RESULTS_DIR / (RESULTS + '.json')}: dropping {', '.join(kept)}, timed with other versions of "
-              f"{', '.join(stale_inputs(saved))}", file=sys.stderr)
-        kept = {}
-    kept[f"{entry['recipe']} on {entry['device']}"] = {**entry, "machine": machine_block()}
-    write_result(RESULTS, {"entries": dict(sorted(kept.items()))}, inputs=inputs)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("recipe", choices=sorted(n for n in recipes() if n.startswith("flickr8k_full_")))
+    parser.add_argument("recipe", choices=RECIPES)
     parser.add_argument("overrides", nargs="*", help="after --: overrides for a trial (printed, not saved)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)   # the start-up lines: device, precision chosen
     entry = time_recipe(args.recipe, args.overrides)
     print(entry)
-    if not args.overrides:
-        save(entry)
+    if not args.overrides:      # beside the entries of the other recipes and devices (its table: results.tables)
+        add_entry(RESULTS, "entries", f"{entry['recipe']} on {entry['device']}", entry, configs=RECIPES,
+                  probes=PROBES)
 
 
 if __name__ == "__main__":

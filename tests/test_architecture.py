@@ -124,6 +124,7 @@ LAYERS = (
     ("evaluation, drawing, feature extraction", ("captioner.evaluation", "captioner.visualisation",
                                                  "captioner.feature_extraction")),
     ("training", ("captioner.training",)),
+    ("results and their fingerprints", ("captioner.results",)),
     ("the predictor", ("captioner.predictor",)),
     ("the server", ("captioner.serve",)),
     ("commands", ("captioner.commands",)),

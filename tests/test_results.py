@@ -1,18 +1,18 @@
 """Results cannot go stale: every results table in README.md and docs/ is what its JSON under benchmarks/results/
-renders (a number edited by hand fails), and every result was measured with its recipe and code as they are now
-(the SHA-256 of each input it records)."""
+renders (a number edited by hand fails), and every result was made with the settings and the code behaviour it
+records (a changed setting or a probe that computes other numbers fails, naming the result and why), while code
+that moves or a recipe's paths and comments do not."""
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT / "benchmarks"), str(ROOT / "scripts")]
-from render_results import TABLE, differences, pages, render_page  # noqa: E402
-from results import add_entry, load_results, stale_inputs, write_result  # noqa: E402
+from captioner.results import fingerprint
+from captioner.results.record import add_entry, load_results, made_by, result_settings, save, why_stale, write_result
+from captioner.results.render import TABLE, pages, render_page, stale_results, table_differences
 
+ROOT = Path(__file__).resolve().parent.parent
 RECORDS = load_results()
 MACHINE_KEYS = {"cpu", "cpu_flags", "cores", "threads", "gpu", "torch", "date", "commit"}
 
@@ -26,12 +26,12 @@ def test_every_results_table_is_what_its_json_renders(page):
 
 
 @pytest.mark.parametrize("name", sorted(RECORDS))
-def test_every_result_was_measured_with_its_recipe_and_code_as_they_are(name):
+def test_every_result_was_made_by_the_settings_and_code_as_they_are(name):
     record = RECORDS[name]
     assert MACHINE_KEYS <= set(record["machine"]), f"{name}: machine block lacks {MACHINE_KEYS - set(record['machine'])}"
-    assert record["inputs"], f"{name}: names no recipe or code it depends on"
-    stale = stale_inputs(record)
-    assert not stale, f"{name}.json was measured with other versions of {stale}; run again: {record['command']}"
+    assert record["settings"] and record["fingerprint"], f"{name}: records no settings or no probe of the code"
+    reasons = why_stale(record)
+    assert not reasons, f"{name}.json is stale: {'; '.join(reasons)}; run it again: {record['command']}"
 
 
 def test_the_docs_show_the_demo_table_in_the_readme_and_on_the_results_page():
@@ -40,18 +40,19 @@ def test_the_docs_show_the_demo_table_in_the_readme_and_on_the_results_page():
     assert "demo" in shown["README.md"] and "demo" in shown["docs/results.md"]
 
 
+SCORES = {"BLEU-1": 0.95, "BLEU-4": 0.81, "METEOR": 0.489, "ROUGE-L": 0.868, "CIDEr": 4.89, "object_precision": 0.915,
+          "relation_accuracy": 0.821, "pointing_accuracy": 0.896, "epochs": 15, "train_seconds": 213.0,
+          "done_after_seconds": 247.0}
+PROBES = ["text", "train demo_soft data.features=features"]
+
+
 @pytest.fixture
 def copy_with_a_result(tmp_path):
-    """A repository-like folder with the demo's soft recipe, a result that names it and a page showing its table."""
-    recipe = "captioner/configs/demo_soft.yaml"
-    (tmp_path / recipe).parent.mkdir(parents=True)
-    (tmp_path / recipe).write_bytes((ROOT / recipe).read_bytes())
+    """A repository-like folder with a result made by the demo's soft recipe and a page showing its table."""
     results = tmp_path / "benchmarks" / "results"
-    scores = {"BLEU-1": 0.95, "BLEU-4": 0.81, "METEOR": 0.489, "ROUGE-L": 0.868, "CIDEr": 4.89,
-              "object_precision": 0.915, "relation_accuracy": 0.821, "pointing_accuracy": 0.896, "epochs": 15,
-              "train_seconds": 213.0, "done_after_seconds": 247.0}
-    write_result("demo", {"runs": {"soft": scores}, "feature_seconds": 12.0, "figures_after_seconds": 249.0,
-                          "total_seconds": 604.0}, inputs=[recipe], command="captioner demo", results_dir=results)
+    write_result("demo", {"runs": {"soft": SCORES}, "feature_seconds": 12.0, "figures_after_seconds": 249.0,
+                          "total_seconds": 604.0}, configs=["demo_soft"], probes=PROBES, command="captioner demo",
+                 results_dir=results)
     page = tmp_path / "docs" / "results.md"
     page.parent.mkdir()
     page.write_text("# Results\n\n<!-- results:demo -->\n<!-- /results:demo -->\n")
@@ -62,33 +63,91 @@ def copy_with_a_result(tmp_path):
 def test_a_rendered_table_passes_the_check(copy_with_a_result):
     root, results, page = copy_with_a_result
     assert "| `soft` | 0.950 | 0.810 |" in page.read_text()
-    assert differences(root, results) == []
+    assert table_differences(root, results) == [] and stale_results(results) == []
 
 
 def test_a_number_edited_by_hand_fails_the_check(copy_with_a_result):
     root, results, page = copy_with_a_result
     page.write_text(page.read_text().replace("| 0.810 |", "| 0.820 |"))
-    found = differences(root, results)
+    found = table_differences(root, results)
     assert len(found) == 1 and "docs/results.md: a results table differs" in found[0] and "0.820" in found[0]
-
-
-def test_a_changed_recipe_makes_its_result_stale(copy_with_a_result):
-    root, results, _ = copy_with_a_result
-    recipe = root / "captioner/configs/demo_soft.yaml"
-    recipe.write_text(recipe.read_text() + "# one more line\n")
-    found = differences(root, results)
-    assert len(found) == 1 and "demo.json: measured with other versions of captioner/configs/demo_soft.yaml" in found[0]
-    assert stale_inputs(json.loads((results / "demo.json").read_text()), root) == ["captioner/configs/demo_soft.yaml"]
 
 
 def test_a_table_without_a_result_fails_the_check(copy_with_a_result):
     root, results, page = copy_with_a_result
     page.write_text(page.read_text() + "\n<!-- results:nowhere -->\n<!-- /results:nowhere -->\n")
-    assert differences(root, results) == ["docs/results.md: results table 'nowhere' has no result: no results/nowhere.json"]
+    assert table_differences(root, results) == [
+        "docs/results.md: results table 'nowhere' has no result: no results/nowhere.json"]
+
+
+def test_the_settings_recorded_leave_out_paths_outputs_and_logs():
+    settings = result_settings(fingerprint.ConfigRef("flickr8k_full_soft").load())
+    assert {"train.lr", "model.lstm.attention", "decode.block_ngram", "data.vocab_min_count"} <= set(settings)
+    assert not {"data.karpathy", "data.image_root", "data.features", "run.out", "train.wandb", "train.log_every",
+                "train.init_from"} & set(settings)
+
+
+def rewritten(results: Path, change) -> dict:
+    """The demo result in ``results`` with ``change(record)`` applied, saved back."""
+    record = json.loads((results / "demo.json").read_text())
+    change(record)
+    save(record, results)
+    return record
+
+
+def test_a_changed_setting_makes_its_result_stale_and_is_named(copy_with_a_result):
+    _, results, _ = copy_with_a_result
+    record = rewritten(results, lambda r: r["settings"]["demo_soft"].update({"train.lr": 0.001}))
+    assert why_stale(record) == ["config 'demo_soft': train.lr 0.001 -> 0.002"]
+    found = stale_results(results)
+    assert len(found) == 1 and found[0].startswith("results/demo.json is stale: config 'demo_soft': train.lr")
+
+
+def test_a_new_setting_at_its_default_keeps_the_result_and_one_away_from_it_does_not(copy_with_a_result):
+    _, results, _ = copy_with_a_result
+    record = rewritten(results, lambda r: [r["settings"]["demo_soft"].pop(k) for k in ("train.lr_gamma", "train.lr")])
+    assert why_stale(record) == ["config 'demo_soft': train.lr is new and 0.002, not its default 0.0004"]
+
+
+def test_a_recipes_paths_and_comments_keep_its_result():
+    soft = fingerprint.ConfigRef("flickr8k_full_soft")
+    moved = fingerprint.ConfigRef("flickr8k_full_soft", ("data.karpathy=/elsewhere/dataset_flickr8k.json",
+                                                         "data.image_root=/elsewhere", "run.out=/tmp/x"))
+    assert result_settings(soft.load()) == result_settings(moved.load())
+
+
+def test_a_behaviour_change_makes_the_results_it_shapes_stale_naming_the_probe(tmp_path, monkeypatch):
+    """One line of behaviour changed (the doubly stochastic term's scale): the result of a recipe that trains with
+    the term goes stale, named with its probe and the numbers that moved; one whose recipe sets its weight to 0
+    (the demo's) stays valid."""
+    write_result("soft", {}, configs=["flickr8k_full_soft"], probes=["train flickr8k_full_soft"], results_dir=tmp_path)
+    write_result("demo", {}, configs=["demo_soft"], probes=PROBES, results_dir=tmp_path)
+    from captioner.training import losses
+
+    term = losses.doubly_stochastic_term
+    monkeypatch.setattr(losses, "doubly_stochastic_term", lambda *args, **kwargs: 2 * term(*args, **kwargs))
+    monkeypatch.setattr(fingerprint, "_compute", fingerprint._compute.__wrapped__)     # no cached probe values
+    found = stale_results(tmp_path)
+    assert len(found) == 1 and found[0].startswith(
+        f"{tmp_path.name}/soft.json is stale: probe 'train flickr8k_full_soft' computes other numbers: steps.0.")
+    assert "losses.attention: " in found[0] and "Run it again: python " in found[0]
+
+
+def test_a_probe_agrees_within_the_tolerance_and_names_what_differs():
+    recorded = {"steps": [{"losses": {"loss": 3.0}, "gradient_norms": [1.0, 0.5]}],
+                "captions": [{"tokens": [4, 5], "log_prob": -1.0}]}
+    close = {"steps": [{"losses": {"loss": 3.0 * (1 + 1e-5)}, "gradient_norms": [1.0, 0.5]}],
+             "captions": [{"tokens": [5, 4], "log_prob": -1.0 + 1e-6}]}            # a tie: another caption, same score
+    far = {"steps": [{"losses": {"loss": 3.01}, "gradient_norms": [1.0]}],
+           "captions": [{"tokens": [5, 4], "log_prob": -0.9}]}
+    assert fingerprint.differences(recorded, close) == []
+    assert fingerprint.differences(recorded, far) == ["captions.0.tokens: [4, 5] -> [5, 4]",
+                                                      "steps.0.gradient_norms: 2 items -> 1",
+                                                      "steps.0.losses.loss: 3.0 -> 3.01"]
 
 
 def test_recipe_times_names_the_cpu_with_its_threads_and_a_gpu_by_its_name():
-    from tables import recipe_times
+    from captioner.results.tables import recipe_times
 
     machine = {"cpu": "Some CPU", "cores": 2, "threads": 2}
     timed = {"recipe": "flickr8k_full_soft", "precision": True, "epochs": 12, "train_seconds": 1560.0,
@@ -102,9 +161,27 @@ def test_recipe_times_names_the_cpu_with_its_threads_and_a_gpu_by_its_name():
 
 
 def test_an_added_entry_sits_beside_those_before_each_with_its_machine(tmp_path):
-    recipe = "captioner/configs/demo_soft.yaml"
-    add_entry("timed", "entries", "b", {"seconds": 2.0}, inputs=[recipe], results_dir=tmp_path)
-    add_entry("timed", "entries", "a", {"seconds": 1.0}, inputs=[recipe], results_dir=tmp_path)
+    made = {"configs": ["demo_soft"], "probes": ["text"]}
+    add_entry("timed", "entries", "b", {"seconds": 2.0}, results_dir=tmp_path, **made)
+    add_entry("timed", "entries", "a", {"seconds": 1.0}, results_dir=tmp_path, **made)
     entries = json.loads((tmp_path / "timed.json").read_text())["result"]["entries"]
     assert list(entries) == ["a", "b"] and entries["b"]["seconds"] == 2.0
     assert all(MACHINE_KEYS <= set(entry["machine"]) for entry in entries.values())
+
+
+def test_an_entry_made_otherwise_is_dropped_with_why(tmp_path, capsys):
+    add_entry("timed", "entries", "b", {"seconds": 2.0}, configs=["demo_soft train.lr=0.1"], probes=["text"],
+              results_dir=tmp_path)
+    record = json.loads((tmp_path / "timed.json").read_text())
+    record["settings"]["demo_soft train.lr=0.1"]["train.lr"] = 0.2
+    save(record, tmp_path)
+    add_entry("timed", "entries", "a", {"seconds": 1.0}, configs=["demo_soft"], probes=["text"], results_dir=tmp_path)
+    assert list(json.loads((tmp_path / "timed.json").read_text())["result"]["entries"]) == ["a"]
+    assert "dropping b: config 'demo_soft train.lr=0.1': train.lr 0.2 -> 0.1" in capsys.readouterr().err
+
+
+def test_made_by_names_each_config_and_probe():
+    made = made_by(["demo_soft", "demo_hard model.lstm.hard_decode=sample"], ["text"])
+    assert list(made["settings"]) == ["demo_soft", "demo_hard model.lstm.hard_decode=sample"]
+    assert made["settings"]["demo_hard model.lstm.hard_decode=sample"]["model.lstm.hard_decode"] == "sample"
+    assert list(made["fingerprint"]) == ["text"]

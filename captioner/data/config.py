@@ -15,21 +15,28 @@ class DataConfig:
 
     format: str = setting("coco", "coco: official captions JSON per split; karpathy: one split file",
                           choices=("coco", "karpathy"))
-    captions: dict[str, str] = setting({}, "coco: {split: captions_*.json}")
-    images: dict[str, str] = setting({}, "coco: {split: image folder that file_name is relative to}")
-    instances: dict[str, str] = setting({}, "optional {split: instances_*.json}: shapes measures, attention grounding")
-    karpathy: str | None = setting(None, "karpathy: dataset_{coco,flickr8k,flickr30k}.json")
-    image_root: str | None = setting(None, "karpathy: folder that each entry's filepath/filename is relative to")
+    captions: dict[str, str] = setting({}, "coco: {split: captions_*.json}", affects_results=False)
+    images: dict[str, str] = setting({}, "coco: {split: image folder that file_name is relative to}",
+                                     affects_results=False)
+    instances: dict[str, str] = setting({}, "optional {split: instances_*.json}: shapes measures, attention grounding",
+                                        affects_results=False)
+    karpathy: str | None = setting(None, "karpathy: dataset_{coco,flickr8k,flickr30k}.json", affects_results=False)
+    image_root: str | None = setting(None, "karpathy: folder that each entry's filepath/filename is relative to",
+                                     affects_results=False)
     restval: str = setting("train", "karpathy: the split that 'restval' images join", choices=("train", "val", "test"))
-    features: str | None = setting(None, "feature cache folder (captioner cache-features); None = raw images")
-    vocab: str | None = setting(None, "a vocabulary file (captioner data vocab); None = built from the train split")
+    features: str | None = setting(None, "feature cache folder (captioner cache-features); None = raw images",
+                                   affects_results=False)
+    vocab: str | None = setting(None, "a vocabulary file (captioner data vocab); None = built from the train split",
+                                affects_results=False)
     vocab_min_count: int = setting(5, "words seen fewer times in the train captions become <unk>", minimum=1)
     vocab_max_size: int | None = setting(None, "at most this many words (specials included); None = no limit",
                                          minimum=5)
     max_caption_length: int = setting(20, "words; longer captions are cut", minimum=1)
-    num_workers: int = setting(0, "DataLoader worker processes (persistent; pinned memory on CUDA)", minimum=0)
-    max_pixels: int = setting(64_000_000, "images with more pixels are refused before decoding", minimum=1)
-    strict: bool = setting(False, "unreadable images stop the run instead of being skipped")
+    num_workers: int = setting(0, "DataLoader worker processes (persistent; pinned memory on CUDA)", minimum=0,
+                               affects_results=False)
+    max_pixels: int = setting(64_000_000, "images with more pixels are refused before decoding", minimum=1,
+                              affects_results=False)
+    strict: bool = setting(False, "unreadable images stop the run instead of being skipped", affects_results=False)
     bucket_by_length: bool = setting(False, "batches of similar caption length (less padding), order still random")
 
     def check(self) -> None:

@@ -305,7 +305,7 @@ class EncoderConfig:
 
     name: str = setting("vgg19", "the CNN whose feature map gives the regions", choices=ENCODERS)
     pretrained: bool = setting(True, "ImageNet weights (offline packages, else torchvision); False = random")
-    weights: str | None = setting(None, "a state-dict file to load instead")
+    weights: str | None = setting(None, "a state-dict file to load instead", affects_results=False)
     image_size: int | list[int] = setting(224, "images are resized to this (int: square, or [H, W])", minimum=1)
     stride: int | None = setting(None, "feature-map stride; None = the backbone default", choices=(*STRIDES, None))
     grid: int | list[int] | None = setting(None, "adaptive-average-pool the map to G x G or [gh, gw]; None = as is",

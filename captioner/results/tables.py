@@ -1,5 +1,5 @@
 """The tables the docs show, one function per result (``benchmarks/results/NAME.json``): each takes the result's
-``result`` block and returns the Markdown table's lines. ``scripts/render_results.py`` writes them between a page's
+``result`` block and returns the Markdown table's lines. :mod:`captioner.results.render` writes them between a page's
 ``<!-- results:NAME -->`` and ``<!-- /results:NAME -->`` with a footnote naming the command and the machine.
 
 A new study plugs in with a function here, registered in :data:`TABLES` under its result's name, and the two
@@ -147,7 +147,7 @@ def hard_attention_runs(result: dict) -> list[str]:
     lines = header("run", "differs from the shipped recipe", "val CIDEr by epoch (subset)", "decoding", "BLEU-4",
                    "METEOR", "CIDEr", "distinct", "words used", "entropy", "coco-mini pointing (uniform, centre)")
     for run in result["runs"]:
-        changes = ", ".join(f"`{c}`" for c in run["changes"] if not c.startswith(("train.epochs", "train.val_max")))
+        changes = ", ".join(f"`{c}`" for c in run["changes"] if not c.startswith(("train.epochs", "train.val_max_images")))
         for first, (mode, scored) in zip((True, False, False), run["decoded"].items()):
             named = (f"`{run['run']}`", changes or "–", ", ".join(number(point["CIDEr"]) for point in run["val_curve"]))
             lines.append(row(*(named if first else ("", "", "")), mode,
