@@ -70,7 +70,7 @@ def main() -> int:
         images = [served.read(path.read_bytes(), path.name).pixels for path in paths]
 
         def caption():
-            served.caption(images, served.settings.beam)
+            served.caption(images, served.decode_config.beam)
 
         def beside(kind: str) -> float:
             """ms per image while a busy Python ``thread`` or ``process`` runs."""
@@ -95,7 +95,7 @@ def main() -> int:
     median = {name: statistics.median(values) for name, values in measured.items()}
     report("decode_beside_python", {
         "benchmark": "decode_beside_python", "checkpoint": str(checkpoint), "batch": len(images),
-        "beam": served.settings.beam, "torch_threads": args.threads, "rounds": args.rounds,
+        "beam": served.decode_config.beam, "torch_threads": args.threads, "rounds": args.rounds,
         "ms_per_image": {name: round(value, 2) for name, value in median.items()},
         "ms_per_image_per_round": {name: [round(v, 2) for v in values] for name, values in measured.items()},
         "slowdown_beside_thread": round(median["beside_a_python_thread"] / median["alone"], 1),

@@ -71,16 +71,16 @@ def bench_decoder(recipe: str, rounds: int, batches: tuple[int, ...]) -> dict:
         started = time.perf_counter()
         described = export_onnx(model, Path(folder))
         export_seconds = time.perf_counter() - started
-        onnx = OnnxDecoder(Path(folder), described, model.decoder.objective)
+        onnx = OnnxDecoder(Path(folder), described, model.decoder.samples_locations)
         result = {"export_s": round(export_seconds, 1)}
         for beam in (1, 3):
-            settings = DecodeConfig.of(config, beam=beam)
+            decode_config = DecodeConfig.of(config, beam=beam)
             for batch in batches:
                 torch_captions, onnx_captions = [], []
 
                 def run(decoder, out):
                     with torch.inference_mode():
-                        out[:] = [g.tokens for g in decode(decoder, regions[:batch], vocab, settings)]
+                        out[:] = [g.tokens for g in decode(decoder, regions[:batch], vocab, decode_config)]
 
                 measured = alternate(lambda: run(model.decoder, torch_captions), lambda: run(onnx, onnx_captions), rounds)
                 measured["same_captions"] = torch_captions == onnx_captions

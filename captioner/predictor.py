@@ -83,14 +83,14 @@ def attention_maps(generation: Generation, grid: tuple[int, int], name: str = "a
 
 
 class Predictor:
-    """A trained captioner prepared for captioning (see the module's docstring). ``settings`` are the decode
-    settings every call uses unless it passes its own; ``max_pixels``, the largest image it reads."""
+    """A trained captioner prepared for captioning (see the module's docstring). ``decode_config`` is the ``decode``
+    section every call uses unless it passes its own; ``max_pixels``, the largest image it reads."""
 
-    def __init__(self, model: Captioner, vocab: Vocabulary, config: Config, *, settings: DecodeConfig | None = None,
-                 max_pixels: int | None = None):
+    def __init__(self, model: Captioner, vocab: Vocabulary, config: Config, *,
+                 decode_config: DecodeConfig | None = None, max_pixels: int | None = None):
         self.model, self.vocab, self.config = model.eval(), vocab, config
-        self.settings = settings or DecodeConfig.of(config)
-        self.settings.check()
+        self.decode_config = decode_config or DecodeConfig.of(config)
+        self.decode_config.check()
         self.max_pixels = max_pixels or config.data.max_pixels
         self.transform = image_transform(model.encoder)
 
@@ -125,7 +125,7 @@ class Predictor:
         if config.decode.compile and runtime == "torch":
             compile_decoder(model.decoder, mode="reduce-overhead" if model.device.type == "cuda" else None,
                             targets=("step",))
-        return cls(model, vocab, config, settings=DecodeConfig.of(config, beam=beam, n_best=n_best),
+        return cls(model, vocab, config, decode_config=DecodeConfig.of(config, beam=beam, n_best=n_best),
                    max_pixels=max_pixels)
 
     @property
@@ -142,12 +142,14 @@ class Predictor:
     def device(self) -> torch.device:
         return self.model.device
 
-    def with_settings(self, **changes) -> Predictor:
-        """This predictor (the same model, not a copy) with decode settings changed (None values ignored)."""
+    def with_decoding(self, **changes) -> Predictor:
+        """This predictor (the same model, not a copy) with settings of its ``decode`` section changed (None values
+        ignored): ``predictor.with_decoding(beam=1)``."""
         twin = object.__new__(Predictor)
         twin.__dict__.update(self.__dict__)
-        twin.settings = dataclasses.replace(self.settings, **{k: v for k, v in changes.items() if v is not None})
-        twin.settings.check()
+        twin.decode_config = dataclasses.replace(self.decode_config,
+                                                 **{k: v for k, v in changes.items() if v is not None})
+        twin.decode_config.check()
         return twin
 
     def preprocess(self, image: str | Path | Image.Image) -> torch.Tensor:
@@ -158,13 +160,13 @@ class Predictor:
 
     @torch.inference_mode()
     def forward(self, images: torch.Tensor, names: Sequence[str] | None = None,
-                settings: DecodeConfig | None = None) -> list[Generation]:
-        """The captions of ``images`` (B, 3, H, W), floats in [0, 1] at the encoder's input size, as one batch, with
-        ``settings`` (default: the predictor's). ``names`` identify the images for seeded sampling (the same draws
-        batched or not)."""
-        settings = settings or self.settings
+                decode_config: DecodeConfig | None = None) -> list[Generation]:
+        """The captions of ``images`` (B, 3, H, W), floats in [0, 1] at the encoder's input size, as one batch, by
+        ``decode_config`` (default: the predictor's). ``names`` identify the images for seeded sampling (the same
+        draws batched or not)."""
         regions = self.model.regions(images=images.to(self.device))
-        return decode(self.model.decoder, regions, self.vocab, settings, images=None if names is None else list(names))
+        return decode(self.model.decoder, regions, self.vocab, decode_config or self.decode_config,
+                      images=None if names is None else list(names))
 
     def postprocess(self, generation: Generation, path: Path | None = None) -> CaptionResult:
         """A generation as the result for the image at ``path``: its words, its caption, the n best captions."""
@@ -208,7 +210,7 @@ class Predictor:
     def generate(self, dataset: CaptionDataset, *, max_images: int | None = None,
                  progress: bool = False) -> dict[int, Generation]:
         """The captions of a dataset's images (of its split, as evaluation decodes them), by image id."""
-        return generate_captions(self.model, dataset, self.vocab, self.settings, max_images=max_images,
+        return generate_captions(self.model, dataset, self.vocab, self.decode_config, max_images=max_images,
                                  progress=progress)
 
 

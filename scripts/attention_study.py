@@ -39,15 +39,16 @@ from pathlib import Path
 
 import torch
 
-from captioner.commands.evaluate import evaluate_checkpoint
-from captioner.commands.ground import ground_checkpoint
+from coco_mini import COCO_MINI, coco_mini_features, coco_mini_overrides
+
 from captioner.config import load_config, recipes
 from captioner.training.engine import train
 from captioner.utils import LOG_FORMAT
+from captioner.workflows.evaluate import evaluate_checkpoint
+from captioner.workflows.ground import ground_checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = recipes()["flickr8k_soft"]
-COCO_MINI = ROOT.parent / "shared" / "data" / "coco-mini"
 OUT = ROOT / "runs" / "attention_study"
 FEATURES = ROOT / "runs" / "features"
 
@@ -152,20 +153,6 @@ def described(name: str) -> tuple[str, list[str]]:
     if name in RECIPES:
         return RECIPES[name][0], []
     return (TRANSFORMER_VARIANTS | VARIANTS)[name]
-
-
-def coco_mini_overrides(features: str | None) -> list[str]:
-    """Evaluation on coco-mini as split 'test' (official captions and instance files)."""
-    annotations = COCO_MINI / "annotations"
-    return ["data.format=coco", f"data.captions={json.dumps({'test': str(annotations / 'captions_train2017.json')})}",
-            f"data.images={json.dumps({'test': str(COCO_MINI / 'train2017')})}",
-            f"data.instances={json.dumps({'test': str(annotations / 'instances_train2017.json')})}",
-            f"data.features={json.dumps(features)}"]
-
-
-def coco_mini_features(features: str | Path) -> str:
-    """The coco-mini feature cache beside a run's Flickr cache ``features`` (same encoder settings)."""
-    return str(Path(features).with_name(Path(features).name + "_coco_mini"))
 
 
 def grade_references(checkpoint: str, features: str, out: Path) -> dict:

@@ -17,10 +17,10 @@ import tempfile
 from pathlib import Path
 
 from captioner import Predictor
-from captioner.commands.evaluate import split_dataset
-from captioner.commands.export import export_checkpoint
 from captioner.evaluation.caption_metrics import score_captions
 from captioner.evaluation.generate import caption_texts
+from captioner.workflows.evaluate import split_dataset
+from captioner.workflows.export import export_checkpoint
 
 IMAGES = ["data.features=null"]      # every variant encodes the images itself
 

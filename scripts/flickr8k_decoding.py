@@ -15,9 +15,9 @@ import argparse
 import json
 from pathlib import Path
 
-from captioner.commands.evaluate import evaluate_checkpoint
 from captioner.config import load_config
 from captioner.training.engine import train
+from captioner.workflows.evaluate import evaluate_checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent
 FIRST, SECOND = ROOT / "runs" / "flickr8k_soft" / "best.pt", ROOT / "runs" / "flickr8k_soft_seed1" / "best.pt"

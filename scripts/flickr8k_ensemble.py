@@ -27,7 +27,7 @@ ENSEMBLES = "flickr8k_ensembles"
 
 def score(members: list[str]) -> dict:
     """The ensemble of the study's runs ``members`` on all validation photos (beam and decoding of the first)."""
-    from captioner.commands.evaluate import evaluate_checkpoint
+    from captioner.workflows.evaluate import evaluate_checkpoint
 
     study = load_results()[RESULTS]["result"]["runs"]
     missing = [m for m in members if m not in study or not (RUNS / m / "best.pt").is_file()]

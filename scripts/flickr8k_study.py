@@ -22,18 +22,21 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from coco_mini import COCO_MINI, coco_mini_features, coco_mini_overrides
+
 from captioner.config import load_config, recipes
 from captioner.errors import CaptionerError
 from captioner.results.record import RESULTS_DIR, add_entry
+from captioner.utils import LOG_FORMAT
 
 ROOT = Path(__file__).resolve().parent.parent
 
-COCO_MINI = ROOT.parent / "shared" / "data" / "coco-mini"
 RESULTS = "flickr8k_full"
 RUNS = ROOT / "runs" / "flickr8k_full"
 KINDS = {"soft": "flickr8k_full_soft", "hard": "flickr8k_full_hard", "transformer": "flickr8k_full_transformer"}
@@ -46,15 +49,6 @@ CONFIGS = [*KINDS.values(), *(" ".join([KINDS[kind], *overrides]) for kind, over
 PROBES = ["text", "metrics", f"data {KINDS['soft']}", *(f"{probe} {config}" for config in CONFIGS
                                                         for probe in ("train", "decode"))]
 METRICS = ("BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "METEOR", "ROUGE-L", "CIDEr")
-
-
-def coco_mini_overrides(features: str) -> list[str]:
-    """coco-mini as split ``test``: its official captions and instance masks, features cached beside the Flickr ones."""
-    annotations = COCO_MINI / "annotations"
-    return ["data.format=coco", f"data.captions={json.dumps({'test': str(annotations / 'captions_train2017.json')})}",
-            f"data.images={json.dumps({'test': str(COCO_MINI / 'train2017')})}",
-            f"data.instances={json.dumps({'test': str(annotations / 'instances_train2017.json')})}",
-            f"data.features={json.dumps(features)}"]
 
 
 def ensure_features(recipe: Path, features: str, overrides: list[str], splits: list[str]) -> None:
@@ -71,8 +65,8 @@ def run_name(kind: str, seed: int, ablation: bool) -> str:
 def run(kind: str, seed: int, ablation: bool, extra: list[str]) -> dict:
     """Train, score on all validation photos, ground on coco-mini; the result as saved (or, with ``extra``
     overrides, printed only: a trial is not the recipe)."""
-    from captioner.commands.evaluate import evaluate_checkpoint
     from captioner.training.engine import train
+    from captioner.workflows.evaluate import evaluate_checkpoint
 
     recipe = recipes()[KINDS[kind]]
     name = run_name(kind, seed, ablation)
@@ -87,7 +81,7 @@ def run(kind: str, seed: int, ablation: bool, extra: list[str]) -> dict:
     val = evaluate_checkpoint(checkpoint, "val", out_dir=out, progress=False)
     coco = {}
     if COCO_MINI.exists() and not ablation:
-        features = str(Path(config.data.features).with_name(Path(config.data.features).name + "_coco_mini"))
+        features = coco_mini_features(config.data.features)
         ensure_features(recipe, features, coco_mini_overrides(features), ["test"])
         coco = evaluate_checkpoint(checkpoint, "test", out_dir=out / "coco_mini", progress=False,
                                    overrides=coco_mini_overrides(features))
@@ -124,6 +118,7 @@ def main() -> None:
                         help="drop the saved runs, made with other settings or another behaviour of the code")
     parser.add_argument("overrides", nargs="*", help="after --: overrides for a trial run (printed, not saved)")
     args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)   # each run's start-up facts: device, precision chosen
     if args.restart:
         (RESULTS_DIR / f"{RESULTS}.json").unlink(missing_ok=True)
     try:

@@ -34,18 +34,20 @@ from pathlib import Path
 import torch
 import yaml
 
+from coco_mini import coco_mini_features, coco_mini_overrides
+
 from captioner.checkpoint import load_model
-from captioner.commands.evaluate import evaluate_checkpoint
 from captioner.config import load_config, recipes
 from captioner.data.dataset import collate, make_dataset
 from captioner.data.readers import read_split
-from captioner.tokens import PAD_INDEX
 from captioner.results.record import write_result
+from captioner.tokens import PAD_INDEX
+from captioner.training.losses import caption_baseline, caption_log_likelihood, location_reward, reinforce_term
 from captioner.utils import seed_everything
+from captioner.workflows.evaluate import evaluate_checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent
 REWARDS = ("sequence", "per_word")
-COCO_MINI = ROOT.parent / "shared" / "data" / "coco-mini"
 HARD, SOFT = "flickr8k_full_hard", "flickr8k_full_soft"
 # a run's changes against its recipe that shape no number of its training step or decoding
 LENGTH_AND_START = ("train.epochs=", "train.val_max_images=", "train.init_from=", "run.seed=")
@@ -102,22 +104,17 @@ def draw(decoder, regions, captions, repeats: int):
     caption: ``(log p(y|s,a)`` per caption (B*repeats,), ``sum_t log alpha_t[s_t]`` (B*repeats,), words per caption)."""
     decoder.config.location_samples = repeats
     out = decoder(regions, captions)
-    targets = captions[:, 1:].repeat_interleave(repeats, 0)
-    mask = targets != PAD_INDEX
-    word_log_probs = torch.log_softmax(out.logits.float(), -1).gather(1, targets[mask][:, None]).squeeze(1)
-    log_likelihood = torch.zeros(mask.shape).masked_scatter(mask, word_log_probs.detach()).sum(1)
-    return log_likelihood, (out.log_prob_location.float() * mask).sum(1), mask.sum(1)
+    log_likelihood, mask = caption_log_likelihood(out.logits, captions[:, 1:].repeat_interleave(repeats, 0))
+    return log_likelihood.detach(), (out.log_prob_location.float() * mask).sum(1), mask.sum(1)
 
 
 def reinforce_surrogate(log_likelihood, location_log_prob, lengths, reward: str, baseline: str, repeats: int):
-    """``-(r - b) sum_t log alpha[s_t]`` summed over rows and divided by the words, as HardAttentionLoss takes it."""
-    r = log_likelihood / (lengths.clamp_min(1) if reward == "per_word" else 1)
-    if baseline == "caption":
-        grouped = r.view(-1, repeats)
-        b = ((grouped.sum(1, keepdim=True) - grouped) / (repeats - 1)).reshape(-1)
-    else:
-        b = r.mean()
-    return -((r - b) * location_log_prob).sum() / lengths.sum()
+    """HardAttentionLoss's REINFORCE term for rows that all sampled their locations, ``repeats`` rows per caption,
+    under the reward ``reward`` and the baseline ``baseline`` (``moving``: the batch's mean reward, where the moving
+    average settles)."""
+    r = location_reward(log_likelihood, lengths, reward)
+    b = caption_baseline(r, torch.full((len(r) // repeats,), repeats)) if baseline == "caption" else r.mean()
+    return reinforce_term(r - b, location_log_prob, lengths.sum())
 
 
 def snr(args) -> None:
@@ -189,15 +186,6 @@ def differences(run: dict, recipe: dict, prefix: str = "") -> list[str]:
     return out
 
 
-def coco_mini_overrides(features: str) -> list[str]:
-    """coco-mini as split ``test``: its official captions and instance masks, features cached beside the Flickr ones."""
-    annotations = COCO_MINI / "annotations"
-    return ["data.format=coco", f"data.captions={json.dumps({'test': str(annotations / 'captions_train2017.json')})}",
-            f"data.images={json.dumps({'test': str(COCO_MINI / 'train2017')})}",
-            f"data.instances={json.dumps({'test': str(annotations / 'instances_train2017.json')})}",
-            f"data.features={json.dumps(features + '_coco_mini')}"]
-
-
 def scored_run(folder: Path) -> dict:
     """One finished run: what it changed against its recipe, its validation curve, and its best checkpoint on all
     validation photos and on coco-mini with each decoding that applies."""
@@ -213,7 +201,7 @@ def scored_run(folder: Path) -> dict:
         val = evaluate_checkpoint(folder / "best.pt", "val", out_dir=folder / f"val_{mode}", progress=False,
                                   overrides=overrides)
         coco = evaluate_checkpoint(folder / "best.pt", "test", out_dir=folder / f"coco_mini_{mode}", progress=False,
-                                   overrides=[*overrides, *coco_mini_overrides(config["data"]["features"])])
+                                   overrides=[*overrides, *coco_mini_overrides(coco_mini_features(config["data"]["features"]))])
         grounding = coco.get("grounding") or {}
         row["decoded"][mode] = {
             "images": val["images"], **{k: round(val[k], 4) for k in ("BLEU-4", "METEOR", "CIDEr")},

@@ -44,9 +44,9 @@ def time_recipe(name: str, overrides: list[str]) -> dict:
     """Train recipe ``name`` (seed 0) and score its best checkpoint on all validation photos; the timings."""
     import torch
 
-    from captioner.commands.evaluate import evaluate_checkpoint
     from captioner.training.engine import train
     from captioner.utils import usable_cores
+    from captioner.workflows.evaluate import evaluate_checkpoint
 
     torch.set_num_threads(usable_cores())
     load_before = [round(x, 2) for x in os.getloadavg()]

@@ -13,7 +13,6 @@ from torch import nn
 
 from captioner import config as config_module
 from captioner.checkpoint import load_model
-from captioner.commands.evaluate import evaluate_checkpoint
 from captioner.config import config_reference, load_config
 from captioner.decoding.search import TokenRules, beam_search, greedy
 from captioner.errors import CaptionerError
@@ -23,6 +22,7 @@ from captioner.models.lstm_decoder import LSTMDecoder, LSTMDecoderConfig
 from captioner.models.transformer_decoder import TransformerDecoder, TransformerDecoderConfig
 from captioner.settings import setting, settings_of
 from captioner.training.engine import train
+from captioner.workflows.evaluate import evaluate_checkpoint
 from tests.conftest import tiny_config
 
 
@@ -46,7 +46,7 @@ class GatedBagDecoder(nn.Module):
     """Step 2: the decoder. The next word depends on the previous word and an attended mean of the regions."""
 
     fixed_state = ("regions",)
-    objective = "likelihood"
+    samples_locations = False
 
     def __init__(self, config: GatedBagConfig):
         super().__init__()
@@ -117,6 +117,7 @@ def test_a_decoder_added_by_the_documented_steps_trains_decodes_and_is_evaluated
 # no two of its folders and top-level modules ("units") import each other, not even within a layer.
 LAYERS = (
     ("leaves", ("captioner.errors", "captioner.utils", "captioner.settings", "captioner.tokens", "captioner.version")),
+    ("kernels", ("captioner.kernels",)),
     ("data", ("captioner.data",)),
     ("models and decoding", ("captioner.models", "captioner.decoding")),
     ("exported files", ("captioner.export",)),
@@ -127,6 +128,7 @@ LAYERS = (
     ("results and their fingerprints", ("captioner.results",)),
     ("the predictor", ("captioner.predictor",)),
     ("the server", ("captioner.serve",)),
+    ("workflows", ("captioner.workflows",)),
     ("commands", ("captioner.commands",)),
     ("the command line and the package", ("captioner.cli", "captioner.__main__", "captioner")),
 )

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 
 from captioner.cli import main, parse_args
-from captioner.commands.evaluate import evaluate_checkpoint
-from captioner.commands.report import run_names, write_report
 from captioner.errors import CaptionerError
 from captioner.evaluation import caption_metrics
 from captioner.evaluation.caption_metrics import score_captions
 from captioner.training.engine import train
+from captioner.workflows.evaluate import evaluate_checkpoint
+from captioner.workflows.report import run_names, write_report
 from tests.conftest import tiny_config
 from tests.test_reliability import one_line_errors
 

@@ -43,14 +43,14 @@ def features(n: int = 5, seed: int = 1) -> torch.Tensor:
     return torch.randn(n, 12, 16, generator=torch.Generator().manual_seed(seed))
 
 
-@pytest.mark.parametrize("settings", [DecodeConfig(beam=1), DecodeConfig(beam=3), DecodeConfig(method="sample"),
+@pytest.mark.parametrize("decode_config", [DecodeConfig(beam=1), DecodeConfig(beam=3), DecodeConfig(method="sample"),
                                       DecodeConfig(beam=4, beam_groups=2)], ids=["greedy", "beam", "sample", "diverse"])
 @pytest.mark.parametrize("make", [lstm, transformer], ids=["lstm", "transformer"])
-def test_unk_is_never_emitted_when_suppressed(make, settings):
+def test_unk_is_never_emitted_when_suppressed(make, decode_config):
     decoder = fond_of(make(), VOCAB.unk_index)
-    loud = decode(decoder, features(), VOCAB, replace(settings, suppress_unk=False))
+    loud = decode(decoder, features(), VOCAB, replace(decode_config, suppress_unk=False))
     assert any(VOCAB.unk_index in g.tokens for g in loud)           # the model wants <unk> ...
-    for generation in decode(decoder, features(), VOCAB, settings):   # ... and never gets it
+    for generation in decode(decoder, features(), VOCAB, decode_config):   # ... and never gets it
         assert VOCAB.unk_index not in generation.tokens
         assert VOCAB.start_index not in generation.tokens and VOCAB.pad_index not in generation.tokens
 
@@ -75,11 +75,11 @@ def test_token_rules_by_hand():
 
 def test_block_ngram_and_min_length_hold_in_every_search():
     decoder = fond_of(lstm(), VOCAB.index["w1"], 6.0)
-    for settings in (DecodeConfig(beam=1, block_ngram=2), DecodeConfig(beam=3, block_ngram=2),
+    for decode_config in (DecodeConfig(beam=1, block_ngram=2), DecodeConfig(beam=3, block_ngram=2),
                      DecodeConfig(method="sample", block_ngram=2, temperature=2.0)):
-        looping = decode(decoder, features(), VOCAB, replace(settings, block_ngram=0, max_length=12))
+        looping = decode(decoder, features(), VOCAB, replace(decode_config, block_ngram=0, max_length=12))
         assert any(len(set(zip(g.tokens, g.tokens[1:]))) < len(g.tokens) - 1 for g in looping)
-        for g in decode(decoder, features(), VOCAB, replace(settings, max_length=12)):
+        for g in decode(decoder, features(), VOCAB, replace(decode_config, max_length=12)):
             bigrams = list(zip(g.tokens, g.tokens[1:]))
             assert len(bigrams) == len(set(bigrams))
     early = fond_of(lstm(), VOCAB.end_index)
@@ -87,14 +87,14 @@ def test_block_ngram_and_min_length_hold_in_every_search():
     assert all(len(g.tokens) >= 4 for g in decode(early, features(), VOCAB, DecodeConfig(beam=3, min_length=4)))
 
 
-@pytest.mark.parametrize("settings", [DecodeConfig(beam=1), DecodeConfig(beam=3), DecodeConfig(method="sample")],
+@pytest.mark.parametrize("decode_config", [DecodeConfig(beam=1), DecodeConfig(beam=3), DecodeConfig(method="sample")],
                          ids=["greedy", "beam", "sample"])
-def test_no_dangling_end_keeps_end_from_following_an_open_word(settings):
+def test_no_dangling_end_keeps_end_from_following_an_open_word(decode_config):
     words = Vocabulary([*VOCAB.words[:4], "the", *VOCAB.words[5:]])           # "the" in place of w0
     decoder = fond_of(fond_of(lstm(), words.index["the"], 12.0), words.end_index, 12.0)
-    settings = replace(settings, min_length=1, max_length=6, block_ngram=1)      # "the" once, then <end>
-    assert all(g.tokens[-1:] == [words.index["the"]] for g in decode(decoder, features(), words, settings))
-    guarded = decode(decoder, features(), words, replace(settings, no_dangling_end=True))
+    decode_config = replace(decode_config, min_length=1, max_length=6, block_ngram=1)      # "the" once, then <end>
+    assert all(g.tokens[-1:] == [words.index["the"]] for g in decode(decoder, features(), words, decode_config))
+    guarded = decode(decoder, features(), words, replace(decode_config, no_dangling_end=True))
     assert all(g.tokens and g.tokens[-1] != words.index["the"] or len(g.tokens) == 6 for g in guarded)
     assert all(len(g.tokens) < 6 for g in guarded)                  # it still ends, on another word
 
@@ -142,13 +142,13 @@ def test_diverse_beam_search_reduces_to_plain_beam_search_and_diversifies():
 
 def test_seeded_sampling_is_the_same_batched_one_by_one_and_k_at_once():
     decoder = lstm()
-    settings = DecodeConfig(method="sample", temperature=1.5, seed=7)
+    decode_config = DecodeConfig(method="sample", temperature=1.5, seed=7)
     regions = features(4)
-    batched = decode(decoder, regions, VOCAB, settings, images=[10, 11, 12, 13])
+    batched = decode(decoder, regions, VOCAB, decode_config, images=[10, 11, 12, 13])
     for i in range(4):
-        (alone,) = decode(decoder, regions[i : i + 1], VOCAB, settings, images=[10 + i])
+        (alone,) = decode(decoder, regions[i : i + 1], VOCAB, decode_config, images=[10 + i])
         assert alone.tokens == batched[i].tokens and alone.log_prob == pytest.approx(batched[i].log_prob, abs=1e-5)
-    other_seed = decode(decoder, regions, VOCAB, replace(settings, seed=8), images=[10, 11, 12, 13])
+    other_seed = decode(decoder, regions, VOCAB, replace(decode_config, seed=8), images=[10, 11, 12, 13])
     assert [g.tokens for g in other_seed] != [g.tokens for g in batched]
     together = sample_captions(decoder, regions, rules=RULES, max_length=8, samples=3,
                                uniforms=seeded_uniforms([5, 6, 7, 8], 3, 8))
@@ -164,18 +164,18 @@ def test_top_k_one_and_a_tiny_nucleus_are_greedy_and_temperature_spreads():
     decoder = lstm()
     regions = features(6)
     best = [g.tokens for g in greedy(decoder, regions, max_length=8, rules=RULES)]
-    for settings in (DecodeConfig(method="sample", top_k=1), DecodeConfig(method="sample", top_p=1e-6)):
-        assert [g.tokens for g in decode(decoder, regions, VOCAB, replace(settings, max_length=8))] == best
+    for decode_config in (DecodeConfig(method="sample", top_k=1), DecodeConfig(method="sample", top_p=1e-6)):
+        assert [g.tokens for g in decode(decoder, regions, VOCAB, replace(decode_config, max_length=8))] == best
     hot = decode(decoder, regions, VOCAB, DecodeConfig(method="sample", temperature=5.0, max_length=8))
     assert [g.tokens for g in hot] != best
 
 
-@pytest.mark.parametrize("settings", [DecodeConfig(beam=1), DecodeConfig(beam=3, n_best=2), DecodeConfig(method="sample")])
-def test_an_ensemble_of_a_model_with_itself_is_the_model(settings):
+@pytest.mark.parametrize("decode_config", [DecodeConfig(beam=1), DecodeConfig(beam=3, n_best=2), DecodeConfig(method="sample")])
+def test_an_ensemble_of_a_model_with_itself_is_the_model(decode_config):
     for make in (lstm, transformer):
         decoder = make()
-        alone = decode(decoder, features(), VOCAB, settings)
-        doubled = decode(EnsembleDecoder([decoder, decoder]), features(), VOCAB, settings)
+        alone = decode(decoder, features(), VOCAB, decode_config)
+        doubled = decode(EnsembleDecoder([decoder, decoder]), features(), VOCAB, decode_config)
         for a, b in zip(alone, doubled):
             assert a.tokens == b.tokens and a.log_prob == pytest.approx(b.log_prob, abs=1e-4)
             torch.testing.assert_close(a.attention["alpha"], b.attention["alpha"])

@@ -18,9 +18,9 @@ from captioner.checkpoint import load_checkpoint
 from captioner.cli import main
 from captioner.config import load_config, recipes
 from captioner.data.shapes import generate_shapes
-from captioner.commands.demo_job import DEMO_RUNS, FAST_OVERRIDES, LinePrefixer, default_processes, ensure_shapes, \
-    reset_stale_features, shapes_overrides, train_on_workers, train_run
 from captioner.errors import CaptionerError
+from captioner.workflows.demo import DEMO_RUNS, FAST_OVERRIDES, LinePrefixer, default_processes, ensure_shapes, \
+    reset_stale_features, shapes_overrides, train_on_workers, train_run
 
 
 def test_demo_fast_writes_the_summary_figures_and_report(tmp_path, capfd, monkeypatch):
@@ -151,7 +151,7 @@ def test_a_training_stopped_by_a_signal_stops_the_demo(tmp_path, capsys, monkeyp
         trained.append(Path(config.run.out).name)
         return {"stopped": True, "checkpoint": str(Path(config.run.out) / "last.pt")}
 
-    monkeypatch.setattr("captioner.commands.demo_job.train", stopped_training)
+    monkeypatch.setattr("captioner.workflows.demo.train", stopped_training)
     out = tmp_path / "demo"
     assert main(["demo", "--fast", "--processes", "1", "--out", str(out), "--data", str(tmp_path / "shapes")]) == 130
     assert "interrupted" in capsys.readouterr().err
@@ -172,6 +172,6 @@ def test_line_prefixer_prefixes_whole_lines_and_leaves_blank_ones_out():
 @pytest.mark.parametrize("cores, batches, processes", [(2, (64, 32), 2), (16, (64, 32), 4), (3, (64, 32), 2),
                                                        (1, (64,), 1), (4, (6,), 3)])
 def test_runs_train_on_a_process_per_core_that_splits_every_batch(monkeypatch, cores, batches, processes):
-    monkeypatch.setattr("captioner.commands.demo_job.usable_cores", lambda: cores)
+    monkeypatch.setattr("captioner.workflows.demo.usable_cores", lambda: cores)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert default_processes({str(b): load_config(None, [f"train.batch_size={b}"]) for b in batches}) == processes

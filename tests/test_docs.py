@@ -81,7 +81,7 @@ def test_the_configuration_page_lists_every_shipped_recipe_and_every_setting(sit
 
 def test_the_python_api_reference_is_rendered_from_the_docstrings(site):
     text = page_text(site, "reference/python.html")
-    assert "Predictor" in text and "with_settings" in text and "CaptionResult" in text
+    assert "Predictor" in text and "with_decoding" in text and "CaptionResult" in text
 
 
 @pytest.mark.parametrize("page", UNDATED, ids=lambda page: str(page.relative_to(ROOT)))

@@ -15,14 +15,14 @@ from PIL import Image
 from captioner import Predictor
 from captioner.checkpoint import load_checkpoint
 from captioner.cli import main
-from captioner.commands.evaluate import evaluate_checkpoint
-from captioner.commands.export import export_checkpoint
 from captioner.errors import CaptionerError
 from captioner.export.folder import FORMAT_VERSION
 from captioner.serve.checkpoints import load_served_models
 from captioner.training.engine import train
 from captioner.utils import UMASK
 from captioner.version import __version__
+from captioner.workflows.evaluate import evaluate_checkpoint
+from captioner.workflows.export import export_checkpoint
 from tests.conftest import tiny_config
 
 onnxruntime = pytest.importorskip("onnxruntime")
@@ -93,7 +93,7 @@ def test_the_onnx_graphs_decode_by_their_documented_contract_alone(exports, imag
         (result,) = predictor.caption([path])
         pixels = predictor.transform(Image.open(path).convert("RGB")).numpy()
         vocab = predictor.vocab
-        words = onnx_greedy(exports[name], pixels, vocab.start_index, vocab.end_index, predictor.settings.max_length)
+        words = onnx_greedy(exports[name], pixels, vocab.start_index, vocab.end_index, predictor.decode_config.max_length)
         assert [vocab.words[i] for i in words] == result.words
 
 

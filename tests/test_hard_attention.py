@@ -7,7 +7,7 @@ from captioner.config import LossConfig, load_config
 from captioner.decoding.search import TokenRules, beam_search, greedy
 from captioner.errors import CaptionerError
 from captioner.models.lstm_decoder import LSTMDecoder, LSTMDecoderConfig
-from captioner.training.losses import HardAttentionLoss
+from captioner.training.losses import HardAttentionLoss, caption_baseline
 from tests.conftest import padded_logits
 
 START, END = 1, 2
@@ -240,10 +240,10 @@ def test_caption_baseline_is_the_mean_reward_of_the_captions_other_samples():
     manual = -((reward - others).reshape(-1) * (out.log_prob_location * mask).sum(1)).sum() / mask.sum()
     torch.testing.assert_close(loss["reinforce"], manual)
     same = torch.full((6,), -2.0)
-    assert HardAttentionLoss.caption_baseline(same, torch.tensor([3, 3])).eq(-2.0).all()
+    assert caption_baseline(same, torch.tensor([3, 3])).eq(-2.0).all()
     # captions of one row (on the expectation) and of several, side by side: each compared with its own rows only
     reward, repeats = torch.tensor([1.0, 2.0, 4.0, 7.0, 3.0, 5.0]), torch.tensor([2, 1, 3])
-    torch.testing.assert_close(HardAttentionLoss.caption_baseline(reward, repeats),
+    torch.testing.assert_close(caption_baseline(reward, repeats),
                                torch.tensor([2.0, 1.0, 0.0, 4.0, 6.0, 5.0]))
 
 

@@ -56,7 +56,7 @@ def test_caption_is_its_three_steps_and_each_can_be_overridden(served_checkpoint
             result.caption = result.caption.upper()
             return result
 
-    shouted = Shouting(predictor.model, predictor.vocab, predictor.config, settings=predictor.settings)
+    shouted = Shouting(predictor.model, predictor.vocab, predictor.config, decode_config=predictor.decode_config)
     assert [r.caption for r in shouted.caption(images[:2])] == [r.caption.upper() for r in by_steps]
 
 
@@ -92,6 +92,6 @@ def test_an_ensemble_and_other_settings_share_the_model(served_checkpoints, imag
     assert type(ensemble.model.decoder).__name__ == "EnsembleDecoder"
     assert all(r.caption is not None for r in ensemble.caption(images[:2]))
     predictor = Predictor.load(served_checkpoints["soft"], beam=3)
-    greedy = predictor.with_settings(beam=1)
-    assert greedy.model is predictor.model and (greedy.settings.beam, predictor.settings.beam) == (1, 3)
+    greedy = predictor.with_decoding(beam=1)
+    assert greedy.model is predictor.model and (greedy.decode_config.beam, predictor.decode_config.beam) == (1, 3)
     assert registry.entry_of(predictor.model.decoder).label == "LSTM"

@@ -449,7 +449,7 @@ def test_a_checkpoint_of_the_flat_config_layout_loads_and_decodes_as_before(tmp_
     assert model_and_loss_states(payload)[1]["baseline_updates"] > 0      # the baseline moved to the loss
     image = tmp_path / "image.png"
     Image.fromarray((np.arange(32 * 32 * 3).reshape(32, 32, 3) * 7 % 256).astype(np.uint8)).save(image)
-    (result,) = predictor.with_settings(max_length=8).caption([image])
+    (result,) = predictor.with_decoding(max_length=8).caption([image])
     assert result.generation.tokens == expected["tokens"]
     assert result.generation.log_prob == pytest.approx(expected["log_prob"], abs=1e-4)
     assert result.generation.attention["chosen"].argmax(-1).tolist() == expected["chosen"]

@@ -131,7 +131,7 @@ def test_caption_matches_the_schema_and_the_command_line(client, served, images,
         assert body["chosen"] is None
     assert body["timings"]["batch_size"] >= 1 and body["timings"]["queue_ms"] >= 0 and body["timings"]["decode_ms"] > 0
 
-    (expected,) = model.predictor.with_settings(beam=beam).caption([images[0]])
+    (expected,) = model.predictor.with_decoding(beam=beam).caption([images[0]])
     assert body["tokens"] == expected.words
     assert body["log_prob"] == pytest.approx(expected.generation.log_prob, abs=1e-4)
     assert np.allclose(body["attention"], expected.generation.attention["alpha"].reshape(-1, gh, gw).numpy(), atol=1e-5)

@@ -1,4 +1,4 @@
-"""``captioner compare``: a report comparing training runs (:mod:`captioner.commands.report`): metrics, learning
+"""``captioner compare``: a report comparing training runs (:mod:`captioner.workflows.report`): metrics, learning
 curves, attention statistics, the same images captioned by every run."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ def add_parser(commands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from captioner.commands.report import write_report
+    from captioner.workflows.report import write_report
 
     result = write_report(args.runs, args.out, split=args.split, beam=args.beam, images=args.images)
     print(f"wrote {result['markdown']} and {result['html']}")

@@ -1,4 +1,4 @@
-"""``captioner demo``: the main job on the embedded shapes data (:mod:`captioner.commands.demo_job`): generate,
+"""``captioner demo``: the main job on the embedded shapes data (:mod:`captioner.workflows.demo`): generate,
 train, evaluate, draw, compare."""
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def add_parser(commands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from captioner.commands.demo_job import DEMO_RUNS, run_demo
+    from captioner.workflows.demo import DEMO_RUNS, run_demo
 
     run_demo(Path(args.out), data_dir=Path(args.data), fast=args.fast, runs=tuple(args.runs or DEMO_RUNS),
              seed=args.seed, processes=args.processes, resume=args.resume)

@@ -97,11 +97,11 @@ class TokenRules:
     open_words: tuple[int, ...] = ()
 
     @classmethod
-    def of(cls, vocab, settings: DecodeConfig) -> "TokenRules":
-        open_words = tuple(sorted(vocab.index[w] for w in OPEN_WORDS if w in vocab.index)) if settings.no_dangling_end else ()
-        return cls(vocab.start_index, vocab.end_index, vocab.pad_index,
-                   vocab.unk_index if settings.suppress_unk else None, settings.min_length, settings.block_ngram,
-                   open_words)
+    def of(cls, vocab, decode_config: DecodeConfig) -> "TokenRules":
+        c = decode_config
+        open_words = tuple(sorted(vocab.index[w] for w in OPEN_WORDS if w in vocab.index)) if c.no_dangling_end else ()
+        return cls(vocab.start_index, vocab.end_index, vocab.pad_index, vocab.unk_index if c.suppress_unk else None,
+                   c.min_length, c.block_ngram, open_words)
 
     def apply(self, log_probs: torch.Tensor, words: torch.Tensor) -> torch.Tensor:
         """``log_probs`` (N, V) of the word after ``words`` (N, t), with ``-inf`` where a word is not allowed."""
@@ -400,23 +400,24 @@ def _choose(scores: torch.Tensor, log_probs: torch.Tensor, finished: torch.Tenso
     return tuple(torch.cat(part, dim=1) for part in zip(*parts))
 
 
-def decode(decoder, regions: torch.Tensor, vocab, settings: DecodeConfig,
+def decode(decoder, regions: torch.Tensor, vocab, decode_config: DecodeConfig,
            images: Sequence[int | str] | None = None) -> list[Generation]:
-    """Captions of ``regions`` (B, L, D) as ``settings`` say: beam search (greedy for a beam of 1) or sampling.
+    """Captions of ``regions`` (B, L, D) as ``decode_config`` says: beam search (greedy for a beam of 1) or sampling.
     ``images`` (ids or file names) seed each image's draws when sampling, so that an image gets the same
     caption whatever batch it is decoded in (default: its position in the batch)."""
-    settings.check()
-    rules = TokenRules.of(vocab, settings)
-    if settings.method == "sample":
+    c = decode_config
+    c.check()
+    rules = TokenRules.of(vocab, c)
+    if c.method == "sample":
         keys = images if images is not None else range(regions.shape[0])
-        seeds = [settings.seed * 1_000_033 + image_seed(key) for key in keys]
+        seeds = [c.seed * 1_000_033 + image_seed(key) for key in keys]
         with torch.inference_mode():
-            drawn = sample_captions(decoder, regions, rules=rules, max_length=settings.max_length,
-                                    temperature=settings.temperature, top_k=settings.top_k, top_p=settings.top_p,
-                                    uniforms=seeded_uniforms(seeds, 1, settings.max_length).to(regions.device))
+            drawn = sample_captions(decoder, regions, rules=rules, max_length=c.max_length,
+                                    temperature=c.temperature, top_k=c.top_k, top_p=c.top_p,
+                                    uniforms=seeded_uniforms(seeds, 1, c.max_length).to(regions.device))
         return drawn.generations(rules.end_index)
-    if settings.beam == 1:
-        return greedy(decoder, regions, max_length=settings.max_length, rules=rules)
-    return beam_search(decoder, regions, beam=settings.beam, max_length=settings.max_length, rules=rules,
-                       length_penalty=settings.length_penalty, groups=settings.beam_groups,
-                       diversity=settings.diversity, n_best=settings.n_best)
+    if c.beam == 1:
+        return greedy(decoder, regions, max_length=c.max_length, rules=rules)
+    return beam_search(decoder, regions, beam=c.beam, max_length=c.max_length, rules=rules,
+                       length_penalty=c.length_penalty, groups=c.beam_groups,
+                       diversity=c.diversity, n_best=c.n_best)

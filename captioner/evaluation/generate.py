@@ -16,7 +16,8 @@ from captioner.utils import progress_bar
 log = logging.getLogger(__name__)
 
 
-def generate_captions(model, dataset: CaptionDataset, vocab: Vocabulary, settings: DecodeConfig, *, batch_size: int = 64,
+def generate_captions(model, dataset: CaptionDataset, vocab: Vocabulary, decode_config: DecodeConfig, *,
+                      batch_size: int = 64,
                       max_images: int | None = None, progress: bool = False,
                       shard: tuple[int, int] = (0, 1)) -> dict[int, Generation]:
     """``{image_id: Generation}`` for the images of ``dataset`` (built with ``pairs=False``); with
@@ -34,7 +35,7 @@ def generate_captions(model, dataset: CaptionDataset, vocab: Vocabulary, setting
             warn_unreadable(batch, set())
             if batch["size"] == 0:
                 continue
-            generations = decode(model.decoder, model.regions(**visual_inputs(batch, device)), vocab, settings,
+            generations = decode(model.decoder, model.regions(**visual_inputs(batch, device)), vocab, decode_config,
                                  images=batch["image_id"])
             out.update(zip(batch["image_id"], generations))
     return out

@@ -1,7 +1,7 @@
 """Exported models: a trained checkpoint as a folder that other machines and tools load without captioner's
 training state and without pickle. This package holds the files' formats, below the config and the checkpoints
-that read them; the command that writes an export, ``captioner export``, is :mod:`captioner.commands.export`
-(with the model card, :mod:`captioner.commands.model_card`).
+that read them; an export is written by :mod:`captioner.workflows.export`, what ``captioner export`` runs
+(with the model card, :mod:`captioner.workflows.model_card`).
 
 * :mod:`captioner.export.folder`: the folder's files (safetensors weights, ``config.json``, ``vocab.json``),
   written and read back; :func:`captioner.checkpoint.load_checkpoint` reads an export folder like a checkpoint,

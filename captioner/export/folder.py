@@ -7,7 +7,7 @@
                         ``data`` settings, the vocabulary size, the encoder's sizes (``regions``), the weights'
                         dtype and SHA-256, the versions
     vocab.json          the word list, index = position (the format of ``data.vocab`` files)
-    README.md           the model card (:mod:`captioner.commands.model_card`)
+    README.md           the model card (:mod:`captioner.workflows.model_card`)
     *.onnx              with ``--onnx`` (:mod:`captioner.export.onnx`)
 
 :func:`read_export` returns the same plain dict as a checkpoint (``model``, ``vocab``, ``config``,

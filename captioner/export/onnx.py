@@ -111,7 +111,7 @@ def export_onnx(model: Captioner, out: Path) -> dict:
         raise CaptionerError(f"ONNX export needs torch {'.'.join(map(str, EXPORTER_RELEASE))} or newer, this is "
                              f"{torch.__version__} (its exporter fails on these graphs): pip install 'torch>=2.11,<2.15'")
     decoder, encoder = model.decoder, model.encoder
-    if getattr(getattr(decoder, "config", None), "hard_decode", "argmax") == "sample" and getattr(decoder, "hard", False):
+    if decoder.samples_locations and decoder.config.hard_decode == "sample":
         raise CaptionerError("model.lstm.hard_decode=sample draws attention locations at random: export with "
                              "model.lstm.hard_decode=argmax for ONNX")
     dynamic = torch.export.Dim.DYNAMIC
@@ -192,7 +192,7 @@ class OnnxDecoder(nn.Module):
     """The decode-step interface of :mod:`captioner.models.decoder` (``init_state``, ``step``, ``fixed_state``) over
     :data:`DECODER_INIT` and :data:`DECODER_STEP` in ONNX Runtime, described by ``config.json``'s ``onnx`` block."""
 
-    def __init__(self, folder: Path, described: dict, objective: str):
+    def __init__(self, folder: Path, described: dict, samples_locations: bool):
         super().__init__()
         self.init_session = _session(folder / described["decoder_init"])
         self.step_session = _session(folder / described["decoder_step"])
@@ -200,7 +200,7 @@ class OnnxDecoder(nn.Module):
         self.fixed_state = tuple(described["fixed_state"])
         self.attention_names = list(described["attention"])
         self.step_outputs = ["log_probs", *(f"next.{n}" for n in self.changing), *self.attention_names]
-        self.objective = objective
+        self.samples_locations = samples_locations
 
     def init_state(self, regions: torch.Tensor) -> dict[str, torch.Tensor]:
         outputs = self.init_session.run([f"state.{n}" for n in self.names], {"regions": _array(regions.float())})
@@ -221,4 +221,4 @@ def onnx_captioner(folder: Path, described: dict, model: Captioner) -> Captioner
     if graphs is None:
         raise CaptionerError(f"{folder}: exported without ONNX graphs (captioner export CKPT --out DIR --onnx)")
     return Captioner(OnnxEncoder(folder / graphs["encoder"], model.encoder),
-                     OnnxDecoder(folder, graphs, model.decoder.objective)).eval()
+                     OnnxDecoder(folder, graphs, model.decoder.samples_locations)).eval()

@@ -1,6 +1,7 @@
 """One attention-scoring module for the four classic scoring functions and the no-attention ablation.
 
-Scores ``e_i`` of region ``a_i`` (D) against a query ``h`` (H, the decoder's previous hidden state):
+Xu et al. (2015) §3.1.2: ``e_ti = f_att(a_i, h_{t-1})`` (eq. 4) and ``alpha_t = softmax(e_t)`` (eq. 5), for regions
+``a_i`` (D) and the decoder's previous hidden state ``h`` (H). The scores ``f_att``:
 
 ==============  =============================================  ==========================
 ``additive``    ``w . f(W_a a_i + W_h h)``, f = tanh or ReLU   Bahdanau; Xu et al. §4.2
@@ -21,90 +22,11 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from captioner.utils import backward_keeps_graph
+from captioner.kernels.additive_score import additive_tanh_scores
 
 SCORES = ("additive", "dot", "scaled_dot", "general", "none")
-
-
-def _additive_sigmoid_and_scores(keys, query, weight, bias):
-    """``(s, scores)`` for keys (B, L, A) and queries (B, k, A), without gradient tracking: ``s = sigmoid(2 (k_i +
-    q))`` (B, k, L, A) in one fresh tensor, and the additive score ``w . tanh(k_i + q) + b`` (B, k, L) from it.
-
-    ``tanh(x) = 2 sigmoid(2x) - 1`` (the same function to float rounding, 2e-7), and the affine map moves onto the
-    scores: ``w . tanh = 2 (w . s) - sum(w)``. (Chosen when torch's CPU tanh cost about ten times its sigmoid. In
-    torch 2.14.1 the tanh kernel is the quicker, 1.4x natively and 2.2x held to AVX2 on a (32, 196, 512) tensor, yet
-    a step with ``tanh_`` in place of the sigmoid, and ``tanh_backward``, trained no faster, interleaved in one
-    process: 1.01x at the demo's sizes, 0.96x and 1.00x at D = 512 as AVX2 and natively.)
-    The largest tensor of a training or decoding step is thus made by two passes over memory (the doubled sum
-    ``2 query + 2 keys`` in one kernel, exactly ``2 (keys + query)``, then the sigmoid in place) and read once,
-    where the tanh itself would take two passes more. In reduced precision (autocast) the product is taken of
-    ``2 s - 1`` instead, so that it is rounded at the scale of the score rather than of ``w . s``."""
-    s = torch.add(query.unsqueeze(2) * 2, keys.unsqueeze(1), alpha=2).sigmoid_()
-    if s.dtype in (torch.float16, torch.bfloat16):
-        with torch.autocast(keys.device.type, enabled=False):
-            return s, F.linear(s * 2 - 1, weight.to(s.dtype), None if bias is None else bias.to(s.dtype)).squeeze(-1)
-    offset = -weight.sum() if bias is None else bias - weight.sum()
-    return s, torch.addmm(offset, s.view(-1, s.shape[-1]), weight.view(-1, 1), alpha=2).view(s.shape[:-1])
-
-
-class _AdditiveTanhScore(torch.autograd.Function):
-    """The additive score ``e = w . tanh(k_i + q) + b`` (B, k, L) of keys (B, L, A) against queries (B, k, A) as
-    one autograd node. Its ``(B, k, L, A)`` tensor ``s = sigmoid(2 (k_i + q))``, the largest of a training step,
-    is made and saved once (:func:`_additive_sigmoid_and_scores`); the backward pass takes ``dw = sum grad (2 s -
-    1)`` from it, then turns it in place (unless the graph is kept for another backward pass) into ``grad * w *
-    tanh'`` with ``tanh'(x) = 1 - tanh(x)^2 = 4 s (1 - s)``: two passes over memory already there, where torch's
-    own graph makes a matrix product of inner size 1 (which the CPU BLAS runs several times slower than a
-    broadcast product) and a fresh ``tanh'`` tensor."""
-
-    @staticmethod
-    def forward(ctx, keys, query, weight, bias):
-        s, scores = _additive_sigmoid_and_scores(keys, query, weight, bias)
-        ctx.save_for_backward(s, weight)
-        ctx.has_bias = bias is not None
-        return scores
-
-    @staticmethod
-    def backward(ctx, grad):
-        s, weight = ctx.saved_tensors
-        size = s.shape[-1]
-        grad = grad.to(s.dtype)
-        column = grad.reshape(-1, 1)                                                 # (B k L, 1)
-        flat = s.view(-1, size)
-        grad_keys = grad_query = grad_weight = grad_bias = None
-        if ctx.needs_input_grad[2]:   # sum of grad * s: image by image (a batched product; one matrix-vector
-            # product over all rows is a single thread's work in MKL), then over the images
-            grad_s = torch.bmm(grad.reshape(s.shape[0], 1, -1), s.view(s.shape[0], -1, size)).sum(0)
-            exact = torch.promote_types(s.dtype, torch.float32)                     # bf16 and fp16 summed in fp32
-            grad_weight = (grad_s.to(exact) * 2 - grad.to(exact).sum()).to(weight.dtype)   # sum of grad * tanh
-        if ctx.has_bias and ctx.needs_input_grad[3]:
-            grad_bias = grad.sum().reshape(1)
-        if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
-            w = weight.to(s.dtype).view(1, -1) * 4
-            if backward_keeps_graph():
-                d = torch.mul(w, column)                                             # d e / d tanh, times 4
-                torch.ops.aten.sigmoid_backward.grad_input(d, flat, grad_input=d)   # * s (1 - s)
-            else:
-                d = torch.ops.aten.sigmoid_backward.grad_input(w.expand_as(flat), flat, grad_input=flat).mul_(column)
-            d = d.view(s.shape)
-            if ctx.needs_input_grad[0]:
-                grad_keys = d.squeeze(1) if d.shape[1] == 1 else d.sum(1)
-            if ctx.needs_input_grad[1]:
-                grad_query = d.sum(2)
-        return grad_keys, grad_query, grad_weight, grad_bias
-
-
-def additive_tanh_scores(keys: torch.Tensor, query: torch.Tensor, weight: torch.Tensor,
-                         bias: torch.Tensor | None) -> torch.Tensor:
-    """``w . tanh(k_i + q) + b`` (B, k, L) of keys (B, L, A) and queries (B, k, A): one autograd node
-    (:class:`_AdditiveTanhScore`) when a gradient is needed."""
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (keys, query, weight, bias)):
-        return _AdditiveTanhScore.apply(keys, query, weight, bias)
-    return _additive_sigmoid_and_scores(keys, query, weight, bias)[1]
-
-
 ACTIVATIONS = ("tanh", "relu")
 
 
@@ -159,7 +81,7 @@ class RegionAttention(nn.Module):
         else:
             q = query if self.score == "general" else self.query_proj(query)
         q = q.view(images, rows // images, -1)                                      # (B, k, A)
-        if self.score == "additive":
+        if self.score == "additive":   # e_ti = w . f(W_a a_i + W_h h) + b
             if self.activation == "tanh":
                 return additive_tanh_scores(keys, q, self.energy.weight, self.energy.bias).reshape(rows, num_regions)
             hidden = torch.relu_(keys.unsqueeze(1) + q.unsqueeze(2))                 # (B, k, L, A), in place on the fresh sum
@@ -172,9 +94,9 @@ class RegionAttention(nn.Module):
         summing to 1 over valid regions. ``mask`` (N, L) bool marks valid regions; masked regions get exactly
         zero weight. ``projected_query``: see :meth:`scores`.
         """
-        scores = self.scores(keys, query, num_regions, projected_query)
+        scores = self.scores(keys, query, num_regions, projected_query)          # e_t, eq. 4
         if self.log_sharpness is not None:
             scores = scores * self.log_sharpness.exp()
         if mask is not None:
             scores = scores.masked_fill(~mask, float("-inf"))
-        return torch.softmax(scores.float(), dim=-1).to(query.dtype)
+        return torch.softmax(scores.float(), dim=-1).to(query.dtype)             # alpha_t, eq. 5

@@ -126,14 +126,15 @@ class Captioner(nn.Module):
         return self.encoder(images) if images is not None else features
 
     def forward(self, captions: torch.Tensor | None = None, *, images: torch.Tensor | None = None,
-                features: torch.Tensor | None = None, objective=None, image_ids=None):
+                features: torch.Tensor | None = None, sequence_loss=None, image_ids=None):
         """Teacher-forced pass over ``captions`` (B, T+1): the decoder's
-        :class:`~captioner.models.decoder.TeacherForced` output. Or, given a sequence-level ``objective`` (a
-        callable ``objective(decoder, regions, image_ids)``, e.g. self-critical training), its losses on the
-        images: either way through ``forward``, so DistributedDataParallel sees the pass."""
+        :class:`~captioner.models.decoder.TeacherForced` output. Or, given a ``sequence_loss`` (a callable
+        ``sequence_loss(decoder, regions, image_ids)`` on captions the decoder samples, e.g. self-critical
+        training), its losses on the images: either way through ``forward``, so DistributedDataParallel sees the
+        pass."""
         regions = self.regions(images=images, features=features)
-        if objective is not None:
-            return objective(self.decoder, regions, image_ids)
+        if sequence_loss is not None:
+            return sequence_loss(self.decoder, regions, image_ids)
         return self.decoder(regions, captions)
 
 

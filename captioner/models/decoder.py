@@ -15,9 +15,10 @@ A decoder is an ``nn.Module`` with
   beams or samples per image, each image's rows adjacent): ``step`` broadcasts each image's fixed state over
   its k rows (k = N / B), so nothing image-sized is ever repeated or reordered (a beam search only drops the
   rows of images whose search has ended);
-* ``objective``: which training loss fits it: ``"likelihood"`` (cross-entropy, plus the attention
-  regulariser) or ``"hard_attention"`` (the variational bound trained by REINFORCE,
-  :class:`captioner.training.losses.HardAttentionLoss`).
+* ``samples_locations``: whether it samples one region per word in training (stochastic hard attention): then
+  its training loss is the variational bound trained by REINFORCE
+  (:class:`captioner.training.losses.HardAttentionLoss`), else the cross-entropy with the attention regulariser,
+  and its ``step`` reports the ``"chosen"`` cells.
 
 :class:`CaptionDecoder` states it as a ``typing.Protocol``; ``isinstance`` checks it at run time.
 """
@@ -28,9 +29,6 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import torch
-
-OBJECTIVES = ("likelihood", "hard_attention")
-
 
 @dataclass
 class TeacherForced:
@@ -61,7 +59,7 @@ class CaptionDecoder(Protocol):
     """What training, every search and evaluation rely on (see the module docstring)."""
 
     fixed_state: tuple[str, ...]
-    objective: str
+    samples_locations: bool
 
     def forward(self, regions: torch.Tensor, captions: torch.Tensor) -> TeacherForced: ...
 

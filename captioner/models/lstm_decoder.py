@@ -1,32 +1,27 @@
-"""The Show, Attend and Tell LSTM decoder (Xu et al. 2015, §3.1.2, §4.1, §4.2, §4.2.1), soft or hard.
+"""The Show, Attend and Tell LSTM decoder (Xu et al. 2015), soft (§4.2) or hard (§4.1) attention.
 
-At step t, from the previous word ``y_{t-1}``, hidden state ``h_{t-1}`` and the image's regions ``a`` (L, D):
+Regions ``a`` (B, L, D'); at step t, from the previous word ``y_{t-1}`` and state ``h_{t-1}, c_{t-1}``:
 
-    alpha_t = softmax_i score(a_i, h_{t-1})                 (captioner.models.attention)
-    z_t     = beta_t * sum_i alpha_ti a_i,  beta_t = sigmoid(f_beta(h_{t-1}))   (scalar or vector gate)
-    i, f, o, g = W [E y_{t-1}; z_t; h_{t-1}] + b;  c_t = f*c_{t-1} + i*g;  h_t = o*tanh(c_t)
-    p(y_t)  ∝ exp(L_o dropout(tanh(E y_{t-1} + L_h h_t + L_z z_t)))       (deep output layer)
+    e_ti = f_att(a_i, h_{t-1}),  alpha_t = softmax_i(e_t)         eq. 4, 5   (captioner.models.attention)
+    z_t  = beta_t * phi({a_i}, {alpha_ti})                         eq. 6
+           soft: sum_i alpha_ti a_i, the expectation E[z_t]        eq. 13
+           hard: a_{s_t}, s_t ~ Multinoulli(alpha_t)               eq. 8, 9
+    beta_t = sigmoid(f_beta(h_{t-1}))  (scalar, vector or none)    §4.2.1
+    i, f, o, g = sigmoid, sigmoid, sigmoid, tanh of W [E y_{t-1}; z_t; h_{t-1}] + b          eq. 1
+    c_t = f * c_{t-1} + i * g,  h_t = o * tanh(c_t)                eq. 2, 3
+    p(y_t | a, y_1^{t-1}) ∝ exp(L_o dropout(tanh(E y_{t-1} + L_h h_t + L_z z_t)))   eq. 7, the deep output layer
 
-Hard attention (§4.1) replaces the expectation by a sample: ``s_t ~ Multinoulli(alpha_t)`` and
-``z_t = beta_t * a_{s_t}``; during training, with probability ``expectation_probability`` per caption
-the sample is replaced by its expected value (``z_t`` as in soft attention), the paper's variance
-reduction, and the other captions draw ``location_samples`` location sequences each. At inference (``hard_decode``) the location is the argmax of ``alpha_t``, a sample, or the expected
-value itself (``expectation``: the context the expectation rows trained on, what the paper's code decodes with
-when it draws no sample).
-The training objective for hard attention is in :class:`captioner.training.losses.HardAttentionLoss`.
+``h_0, c_0`` are one-layer tanh MLPs of the mean region (§3.1.2). Hard attention in training puts a caption on the
+expectation (``z_t`` as in soft attention) with probability ``expectation_probability``, the paper's variance
+reduction, and draws ``location_samples`` location sequences for each other caption; at inference
+(``hard_decode``) the location is the argmax of ``alpha_t``, a sample, or the expectation itself (the context the
+expectation rows trained on). Its objective is :class:`captioner.training.losses.HardAttentionLoss`.
 
-``h_0, c_0`` come from one-layer tanh MLPs of the mean region. Work that does not depend on the step
-is taken out of the loop: the region projection ``W_a a_i`` (once per image), the embedding part of
-the LSTM gates and the whole output layer (once per caption, over all steps at once).
-
-Teacher forcing lays the words out packed, step-major (step t's running captions, longest first, then step
-t+1's): per word, the three linear maps of ``h_{t-1}`` (the gates' recurrent part, the attention's query and
-the gate ``f_beta``) are one matrix product, and the gradients of the weights that every step uses come in the
-backward pass as one product over all words (:class:`_RecurrentTerms`) rather than one thin product and one
-full-size accumulation per word.
-
-The decoder keeps the contract of :mod:`captioner.models.decoder`; its ``fixed_state`` is ``regions`` and
-``keys`` (the projected regions).
+Work that does not depend on the step leaves the loop: ``W_a a_i`` once per image, the embedding part of the gates
+and the whole output layer once per caption. Teacher forcing packs the words step-major, longest caption first,
+and takes the three maps of ``h_{t-1}`` (gates, query, ``f_beta``) in one product per step
+(:mod:`captioner.kernels.recurrence`). The decoder keeps the contract of :mod:`captioner.models.decoder`; its
+``fixed_state`` is ``regions`` and ``keys`` (the projected regions).
 """
 
 from __future__ import annotations
@@ -37,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from captioner.kernels.recurrence import StepRecord, prefixes, recurrent_terms
 from captioner.models.attention import ACTIVATIONS, SCORES, RegionAttention
 from captioner.models.decoder import TeacherForced
 from captioner.models.positions import grid_code
@@ -75,100 +71,19 @@ class LSTMDecoderConfig:
         0.5, "hard training: a caption uses alpha instead of a sample (paper: 0.5)", minimum=0, maximum=1)
     location_samples: int = setting(1, "hard training: location samples drawn per caption", minimum=1)
 
+    @property
+    def samples_locations(self) -> bool:
+        """Stochastic hard attention (§4.1): one region per word, sampled in training."""
+        return self.attention_mode == "hard"
+
     def check(self) -> None:
         """Each setting's type, choices and bounds, then the settings that depend on one another (a ValueError
         names the one that does not fit)."""
         check_settings(self, "model.lstm")
-        if self.attention_mode == "hard" and self.attention == "none":
+        if self.samples_locations and self.attention == "none":
             raise ValueError("hard attention needs an attention score (attention must not be none)")
         if self.region_position == "sinusoidal" and self.position_dim % 4:
             raise ValueError(f"position_dim must be a multiple of 4 for a 2-D position code, got {self.position_dim}")
-
-
-class _Prefixes(torch.autograd.Function):
-    """``tensor[:n]`` for each n of the non-increasing ``sizes``, as one autograd node. Separate slices would
-    each, in the backward pass, zero-fill a gradient of ``tensor``'s full size and add it to the others (T
-    times B x L x A work for the projected regions); here each prefix's gradient is added in place into one."""
-
-    @staticmethod
-    def forward(ctx, tensor: torch.Tensor, sizes: list[int]):
-        ctx.shape, ctx.sizes = tensor.shape, sizes
-        return tuple(tensor[:n] for n in sizes)
-
-    @staticmethod
-    def backward(ctx, *grads):
-        total = next(g for g in grads if g is not None).new_zeros(ctx.shape)
-        for n, grad in zip(ctx.sizes, grads):
-            if grad is not None:
-                total[:n] += grad
-        return total, None
-
-
-def prefixes(tensor: torch.Tensor | None, sizes: list[int]) -> list[torch.Tensor | None]:
-    """``[tensor[:n] for n in sizes]``; one autograd node when ``tensor`` needs a gradient (:class:`_Prefixes`)."""
-    if tensor is None:
-        return [None] * len(sizes)
-    if tensor.requires_grad and torch.is_grad_enabled():
-        return list(_Prefixes.apply(tensor, sizes))
-    return [tensor[:n] for n in sizes]
-
-
-class _StepRecord:
-    """What the teacher-forced recurrence leaves for :class:`_RecurrentTerms`'s backward pass: each step's
-    ``h_{t-1}`` and ``z_t`` of its running rows (detached), in the packed order."""
-
-    def __init__(self):
-        self.hidden: list[torch.Tensor] = []
-        self.context: list[torch.Tensor] = []
-
-
-class _RecurrentTerms(torch.autograd.Function):
-    """The per-word pre-activations of the teacher-forced recurrence, ``carrier`` (W, 4H [+ A] [+ G]) for W packed
-    words: the embedding part of the gates (``input_gates``), zeros for the attention's query ``W_q h_{t-1}`` and
-    the gate's bias for ``f_beta(h_{t-1})``. Step t adds ``h_{t-1} [W_h; W_q; W_beta]^T`` and ``z_t W_z^T`` to its
-    slice with the weights detached, so the gradient reaching ``carrier`` is, word by word, that of the gates, of
-    the query and of the gate's logit; the backward pass here turns it into the weights' gradients with one
-    product over all words, ``d[W_z W_h] = d gates^T [z | h_prev]`` (and the same for ``W_q``, ``W_beta``), from
-    the inputs the recurrence left in ``record``. Per-word weight gradients would be T thin products and T
-    accumulations of the full weight."""
-
-    @staticmethod
-    def carrier(input_gates, gate_bias, query_weight, gate_weight) -> torch.Tensor:
-        """The pre-activations before the steps add theirs: ``[input_gates | 0 | gate_bias]`` (W, 4H [+ A] [+ G])."""
-        parts = [input_gates]
-        if query_weight is not None:
-            parts.append(input_gates.new_zeros(input_gates.shape[0], query_weight.shape[0]))
-        if gate_weight is not None:
-            parts.append(gate_bias.to(input_gates.dtype).expand(input_gates.shape[0], -1))
-        return torch.cat(parts, dim=1)
-
-    @staticmethod
-    def forward(ctx, input_gates, gate_bias, recurrent_weight, query_weight, gate_weight, record):
-        ctx.record = record
-        ctx.sizes = [input_gates.shape[1]] + [w.shape[0] for w in (query_weight, gate_weight) if w is not None]
-        ctx.has_query, ctx.has_gate = query_weight is not None, gate_weight is not None
-        return _RecurrentTerms.carrier(input_gates, gate_bias, query_weight, gate_weight)
-
-    @staticmethod
-    def backward(ctx, grad):
-        pieces = list(grad.split(ctx.sizes, dim=1))
-        grad_gates = pieces.pop(0)
-        grad_bias = grad_recurrent = grad_query = grad_gate = None
-        hidden = torch.cat(ctx.record.hidden).to(grad.dtype)                     # (W, H): h_{t-1} per word
-        if ctx.needs_input_grad[2]:
-            inputs = torch.cat([torch.cat(ctx.record.context).to(grad.dtype), hidden], dim=1)   # (W, D' + H)
-            grad_recurrent = grad_gates.t() @ inputs
-        if ctx.has_query:
-            grad_q = pieces.pop(0)
-            if ctx.needs_input_grad[3]:
-                grad_query = grad_q.t() @ hidden
-        if ctx.has_gate:
-            grad_beta = pieces.pop(0)
-            if ctx.needs_input_grad[4]:
-                grad_gate = grad_beta.t() @ hidden
-            if ctx.needs_input_grad[1]:
-                grad_bias = grad_beta.sum(0)
-        return grad_gates, grad_bias, grad_recurrent, grad_query, grad_gate, None
 
 
 def _unpack(packed: torch.Tensor, to_packed: torch.Tensor) -> torch.Tensor:
@@ -206,13 +121,9 @@ class LSTMDecoder(nn.Module):
         self.out_words = nn.Linear(c.embed_dim, c.vocab_size)                   # L_o
 
     @property
-    def hard(self) -> bool:
-        return self.config.attention_mode == "hard"
-
-    @property
-    def objective(self) -> str:
-        """The training loss that fits this decoder (see :mod:`captioner.models.decoder`)."""
-        return "hard_attention" if self.hard else "likelihood"
+    def samples_locations(self) -> bool:
+        """Stochastic hard attention (see :mod:`captioner.models.decoder`)."""
+        return self.config.samples_locations
 
     # -- pieces shared by teacher forcing and step-by-step decoding ---------------------------------
     def prepare_regions(self, features: torch.Tensor) -> torch.Tensor:
@@ -227,6 +138,7 @@ class LSTMDecoder(nn.Module):
         return features
 
     def initial_hidden(self, regions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``h_0, c_0`` (B, H): ``f_init,h`` and ``f_init,c`` of the mean region (§3.1.2)."""
         mean = regions.mean(dim=1)
         return torch.tanh(self.init_h(mean)), torch.tanh(self.init_c(mean))
 
@@ -244,11 +156,12 @@ class LSTMDecoder(nn.Module):
         third value holds, where a location is chosen, ``chosen`` (B, L) one-hot, ``log_prob_location`` (B,)
         ``log alpha_t[s_t]`` and ``entropy`` (B,) of ``alpha_t``.
         """
-        alpha = self.attention(keys, h, regions.shape[1], projected_query=query)
+        alpha = self.attention(keys, h, regions.shape[1], projected_query=query)      # eq. 4, 5
         location_info: dict[str, torch.Tensor] = {}
-        weights = alpha
-        if self.hard and (self.training or self.config.hard_decode != "expectation"):
+        weights = alpha                                                 # soft: E[z_t] = sum_i alpha_ti a_i, eq. 13
+        if self.samples_locations and (self.training or self.config.hard_decode != "expectation"):
             if self.training or self.config.hard_decode == "sample":
+                # s_t ~ Multinoulli(alpha_t), eq. 8
                 location = torch.multinomial(alpha.detach().float(), 1).squeeze(1)
             else:
                 location = alpha.argmax(dim=-1)
@@ -258,24 +171,26 @@ class LSTMDecoder(nn.Module):
                              "entropy": -(alpha * log_alpha).sum(dim=-1)}
             weights = chosen if expectation_rows is None else torch.where(expectation_rows[:, None], alpha, chosen)
         images = regions.shape[0]
+        # z_t = phi({a_i}, {alpha_ti}) (eq. 6): sum_i w_i a_i with w = alpha (eq. 13) or one-hot s_t (eq. 9)
         z = torch.bmm(weights.view(images, -1, weights.shape[1]), regions).view(weights.shape[0], -1)
-        if self.gate is not None:
+        if self.gate is not None:   # beta_t = sigmoid(f_beta(h_{t-1})) (§4.2.1)
             z = torch.sigmoid(self.gate(h) if gate_logit is None else gate_logit) * z
         return z, alpha, location_info
 
     @staticmethod
     def lstm_pointwise(gates: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``h_t, c_t`` from the gates' pre-activations ``i, f, g, o`` (N, 4H) and ``c_{t-1}``."""
+        """``h_t, c_t`` from the gates' pre-activations ``i, f, g, o`` (N, 4H) and ``c_{t-1}`` (eq. 1-3)."""
         i, f, g, o = gates.chunk(4, dim=1)
-        c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
-        return torch.sigmoid(o) * torch.tanh(c), c
+        c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)     # c_t = f * c_{t-1} + i * g, eq. 2
+        return torch.sigmoid(o) * torch.tanh(c), c                        # h_t = o * tanh(c_t), eq. 3
 
     def deep_output(self, embedded: torch.Tensor, h: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        """``tanh(E y_{t-1} + L_h h_t + L_z z_t)``: ``(..., E), (..., H), (..., D')`` -> ``(..., E)``."""
+        """``tanh(E y_{t-1} + L_h h_t + L_z z_t)`` (eq. 7's argument of ``L_o``, with a tanh):
+        ``(..., E), (..., H), (..., D')`` -> ``(..., E)``."""
         return torch.tanh(embedded + self.out_hidden(h) + self.out_context(z))
 
     def output_logits(self, embedded: torch.Tensor, h: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        """Deep output layer: ``(..., E), (..., H), (..., D')`` -> logits ``(..., V)``."""
+        """Deep output layer (eq. 7): ``(..., E), (..., H), (..., D')`` -> logits ``(..., V)``."""
         return self.out_words(self.dropout(self.deep_output(embedded, h, z)))
 
     # -- teacher forcing ------------------------------------------------------------------------------
@@ -292,7 +207,7 @@ class LSTMDecoder(nn.Module):
         work, and the output layer runs at the real positions only. At padding steps ``alpha`` and the location
         terms are zero.
         """
-        sampling = self.hard and self.training
+        sampling = self.samples_locations and self.training
         repeats = expectation_rows = running_expectation = None
         if sampling:
             features, captions, repeats, expectation_rows = self.location_copies(features, captions)
@@ -315,18 +230,12 @@ class LSTMDecoder(nn.Module):
         h, c = self.initial_hidden(regions)
         if sampling:
             running_expectation = expectation_rows.index_select(0, order)
-        # the one-product weight gradients read the steps' inputs from a record filled after this node's forward:
-        # a side channel torch.compile cannot trace (it builds the backward graph first), so compiled code takes
-        # plain autograd through each step's products instead (the same gradients, more work)
-        record = _StepRecord() if torch.is_grad_enabled() and not torch.compiler.is_compiling() else None
         query, gate = self.attention.query_projection, self.gate
         input_gates, query_weight = self.input_gates(embedded), None if query is None else query.weight
         gate_bias, gate_weight = (None, None) if gate is None else (gate.bias, gate.weight)
-        if record is not None:
-            carrier = _RecurrentTerms.apply(input_gates, gate_bias, self.recurrent_gates.weight, query_weight,
-                                            gate_weight, record)
-        else:
-            carrier = _RecurrentTerms.carrier(input_gates, gate_bias, query_weight, gate_weight)
+        # the packed pre-activations; with a record, the weights' gradients come from it in one product
+        carrier, record = recurrent_terms(input_gates, gate_bias, self.recurrent_gates.weight, query_weight,
+                                          gate_weight)
         hidden_weight, context_weight = self.step_weights(carrier, detach=record is not None)
         hs, zs, alphas, infos = self.recurrence(regions, keys, h, c, carrier.split(running), hidden_weight,
                                                 context_weight, running, running_expectation, record)
@@ -340,10 +249,10 @@ class LSTMDecoder(nn.Module):
         return out
 
     def location_copies(self, features: torch.Tensor, captions: torch.Tensor):
-        """Hard-attention training rows: each caption goes on the expectation (``alpha`` itself) with probability
-        ``expectation_probability``, once; else it is repeated for ``location_samples`` draws of its locations.
-        Returns the rows' ``features`` (B', L, D) and ``captions`` (B', T+1), ``repeats`` (B,) the rows of each
-        caption (adjacent), and ``expectation_rows`` (B',) bool."""
+        """Hard-attention training rows (§4.1): each caption goes on the expectation (``alpha`` itself) with
+        probability ``expectation_probability``, once; else it is repeated for ``location_samples`` draws of its
+        locations. Returns the rows' ``features`` (B', L, D) and ``captions`` (B', T+1), ``repeats`` (B,) the rows
+        of each caption (adjacent), and ``expectation_rows`` (B',) bool."""
         on_expectation = torch.rand(captions.shape[0], device=captions.device) < self.config.expectation_probability
         repeats = torch.where(on_expectation, 1, self.config.location_samples)
         if self.config.location_samples > 1:
@@ -353,7 +262,8 @@ class LSTMDecoder(nn.Module):
     def step_weights(self, like: torch.Tensor, detach: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
         """The weights a teacher-forced step multiplies by, transposed, cast once to the autocast type if one is
         on: ``[W_h; W_q; W_beta]^T`` (H, 4H [+ A] [+ G]), the maps of ``h_{t-1}`` in one matrix, and ``W_z^T``
-        (D', 4H). ``detach`` when their gradients come from :class:`_RecurrentTerms`."""
+        (D', 4H). ``detach`` when their gradients come from the record of
+        :func:`captioner.kernels.recurrence.recurrent_terms`."""
         def maybe_detached(w: torch.Tensor) -> torch.Tensor:
             return w.detach() if detach else w
 
@@ -368,13 +278,11 @@ class LSTMDecoder(nn.Module):
         return hidden, context
 
     def recurrence(self, regions, keys, h, c, carriers, hidden_weight, context_weight, running: list[int],
-                   expectation_rows, record: _StepRecord | None = None):
+                   expectation_rows, record: StepRecord | None = None):
         """The teacher-forced LSTM steps over rows sorted longest first: step t advances the first
         ``running[t]`` rows from its slice of the packed pre-activations ``carriers[t]``. Returns per step
         ``h_t``, ``z_t``, ``alpha_t`` and the location terms; leaves ``h_{t-1}`` and ``z_t`` in ``record``."""
         hs, zs, alphas, infos = [], [], [], []
-        # prefixes, not keys[:n]: the backward of T slices would zero-fill and add T full-size gradients;
-        # this adds each step's gradient into one buffer
         step_regions, step_keys = prefixes(regions, running), prefixes(keys, running)
         for t, n in enumerate(running):
             h_prev = h[:n]
@@ -382,8 +290,7 @@ class LSTMDecoder(nn.Module):
                                                        hidden_weight, context_weight,
                                                        None if expectation_rows is None else expectation_rows[:n])
             if record is not None:
-                record.hidden.append(h_prev.detach())
-                record.context.append(z.detach())
+                record.add(h_prev, z)
             hs.append(h)
             zs.append(z)
             alphas.append(alpha)
@@ -394,13 +301,13 @@ class LSTMDecoder(nn.Module):
         """One teacher-forced word for the running rows: the maps of ``h_{t-1}`` in one product onto the step's
         pre-activations ``carrier``, attention, gated context, the gates' context part and the LSTM cell; the
         unit that ``train.compile`` compiles (:func:`captioner.training.engine.compile_decoder`)."""
-        terms = torch.addmm(carrier, h, hidden_weight)                 # (n, 4H [+ A] [+ G])
+        terms = torch.addmm(carrier, h, hidden_weight)                 # (n, 4H [+ A] [+ G]): the maps of h_{t-1}
         sizes = [4 * self.config.hidden_dim] + [m.weight.shape[0] for m in self.hidden_maps()]
         gates, *rest = terms.split(sizes, dim=1)
         query = rest[0] if self.attention.query_projection is not None else None
         gate_logit = rest[-1] if self.gate is not None else None        # list or tuple: torch.compile gives either
         z, alpha, info = self.context(regions, keys, h, expectation_rows, query, gate_logit)
-        h, c = self.lstm_pointwise(torch.addmm(gates, z, context_weight), c)
+        h, c = self.lstm_pointwise(torch.addmm(gates, z, context_weight), c)   # eq. 1-3
         return h, c, z, alpha, info
 
     # -- the decode-step interface --------------------------------------------------------------------

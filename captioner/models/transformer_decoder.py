@@ -197,7 +197,7 @@ class DecoderLayer(nn.Module):
 class TransformerDecoder(nn.Module):
     """Pre-norm Transformer decoder over image regions with a key/value cache for decoding."""
 
-    objective = "likelihood"
+    samples_locations = False
 
     def __init__(self, config: TransformerDecoderConfig):
         super().__init__()

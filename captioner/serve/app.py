@@ -147,7 +147,7 @@ async def _decode_upload(request: Request, upload: UploadFile, beam: int | None,
     read = await budget.run(decode_cost(header, upload.size or 0), served.read, upload.file, name,
                             attention_figure.DISPLAY_MAX_SIDE)
     arrival: Arrival = request.scope[ARRIVAL]
-    beams, timing = await arrival.submit((served.name, beam or served.settings.beam), read.pixels)
+    beams, timing = await arrival.submit((served.name, beam or served.decode_config.beam), read.pixels)
     return Decoded(served, read.image, read.size, beams, timing)
 
 

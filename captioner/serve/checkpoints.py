@@ -33,7 +33,7 @@ class Upload(NamedTuple):
 
 @dataclass
 class ServedModel:
-    """One loaded checkpoint: its vocabulary and config, the decode ``settings`` (``beam`` is the default when a
+    """One loaded checkpoint: its vocabulary and config, its ``decode_config`` (``beam`` is the default when a
     request names none), ``max_pixels``, the largest image it accepts, the ``transform`` of an upload into the
     encoder's input, the encoder's region ``grid`` ``(gh, gw)`` over which every attention map lies and its
     input ``image_size`` ``(H, W)``; and ``predictor``, where this process decodes (``None`` in the server's
@@ -43,7 +43,7 @@ class ServedModel:
     path: Path
     vocab: Vocabulary
     config: Config
-    settings: DecodeConfig
+    decode_config: DecodeConfig
     max_pixels: int
     transform: Callable[[Image.Image], torch.Tensor]
     grid: tuple[int, int]
@@ -71,8 +71,8 @@ class ServedModel:
         first, decoded as one batched beam search (``beam=1``: greedy decoding, one caption each)."""
         if self.predictor is None:
             raise RuntimeError(f"{self.name}: this is a description of the checkpoint; its model decodes elsewhere")
-        settings = dataclasses.replace(self.settings, beam=beam, n_best=beam)
-        generations = self.predictor.forward(TO_FLOAT(torch.stack(list(images))), settings=settings)
+        decode_config = dataclasses.replace(self.decode_config, beam=beam, n_best=beam)
+        generations = self.predictor.forward(TO_FLOAT(torch.stack(list(images))), decode_config=decode_config)
         return [generation.beams or [generation] for generation in generations]
 
     def describe(self) -> dict:
@@ -81,8 +81,8 @@ class ServedModel:
         return {"name": self.name, "decoder": model.decoder,
                 "attention": DECODERS[model.decoder].attention_kind(model.chosen),
                 "encoder": self.config.encoder.name, "vocab_size": len(self.vocab), "grid": list(self.grid),
-                "image_size": list(self.image_size), "beam": self.settings.beam,
-                "max_length": self.settings.max_length, "max_pixels": self.max_pixels}
+                "image_size": list(self.image_size), "beam": self.decode_config.beam,
+                "max_length": self.decode_config.max_length, "max_pixels": self.max_pixels}
 
 
 def load_served_models(paths: Sequence[str | Path], device: torch.device, overrides: Sequence[str] = (), *,
@@ -95,7 +95,7 @@ def load_served_models(paths: Sequence[str | Path], device: torch.device, overri
         predictor = Predictor.load(path, device=device, overrides=overrides, beam=beam, max_pixels=max_pixels)
         name = _unique((path.resolve().name if is_export(path) else Path(str(predictor.config.run.out)).name)
                        or path.parent.name, served)
-        served[name] = ServedModel(name, path, predictor.vocab, predictor.config, predictor.settings,
+        served[name] = ServedModel(name, path, predictor.vocab, predictor.config, predictor.decode_config,
                                    predictor.max_pixels, image_transform(predictor.model.encoder, to_float=False),
                                    predictor.grid, predictor.image_size, predictor)
     return served

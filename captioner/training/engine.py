@@ -352,7 +352,7 @@ def decoder_loss(run: Run, batch: dict, objective: str = "xe") -> dict[str, torc
     inputs = visual_inputs(batch, run.device, channels_last=channels_last)
     with autocast(run.device, run.precision.amp):
         if objective == "scst":
-            return run.net(objective=run.self_critical, image_ids=batch["image_id"], **inputs)
+            return run.net(sequence_loss=run.self_critical, image_ids=batch["image_id"], **inputs)
         captions = batch["captions"].to(run.device, non_blocking=True)
         return run.loss(run.net(captions, **inputs), captions[:, 1:])
 
@@ -411,7 +411,7 @@ def expectation_only(decoder: nn.Module, on: bool):
     alpha's expectation, as if ``model.lstm.expectation_probability`` were 1; the decoder's settings are restored
     after."""
     settings = getattr(decoder, "config", None)
-    if not (on and getattr(decoder, "hard", False)):
+    if not (on and decoder.samples_locations):
         yield
         return
     decoder.config = dataclasses.replace(settings, expectation_probability=1.0)

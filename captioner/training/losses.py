@@ -1,7 +1,7 @@
 """Training objectives: word cross-entropy with the doubly stochastic term (soft attention, the
 Transformer), and the variational lower bound trained by REINFORCE (hard attention, Xu et al. 2015 §4.1).
 
-:func:`build_loss` picks the loss module from the decoder's declared ``objective`` (see
+:func:`build_loss` picks the loss module by whether the decoder samples locations (see
 :mod:`captioner.models.decoder`); a loss module maps a :class:`~captioner.models.decoder.TeacherForced`
 output and its targets (B, T) to a dict with ``loss`` (what is minimised), ``cross_entropy`` (per word, what
 is reported) and ``words`` (real words), plus the terms it adds. Its state (the REINFORCE baseline) is saved
@@ -15,35 +15,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from captioner.config import LossConfig
+from captioner.kernels.word_loss import word_negative_log_likelihood
 from captioner.models.decoder import TeacherForced
-from captioner.utils import backward_keeps_graph
-
-
-class _WordNegativeLogLikelihood(torch.autograd.Function):
-    """From logits (W, V) and targets (W,): ``-sum_w log p_w(target_w)`` and, when ``uniform`` is set,
-    ``-sum_w mean_v log p_w(v)`` (label smoothing's term; else 0), with ``p = softmax`` in float32. One node whose
-    backward is ``p (g_nll + g_uniform) - g_nll onehot - g_uniform / V``, the exponential of the saved
-    log-probabilities (in place, unless the graph is kept): torch's own path zero-fills a (W, V) gradient for the
-    gather and computes the exponential again inside the log-softmax backward."""
-
-    @staticmethod
-    def forward(ctx, logits, targets, uniform: bool):
-        log_probs = F.log_softmax(logits.float(), dim=-1)                      # (W, V)
-        nll = -log_probs.gather(1, targets.unsqueeze(1)).sum()
-        spread = -log_probs.mean(dim=-1).sum() if uniform else log_probs.new_zeros(())
-        ctx.save_for_backward(log_probs, targets)
-        ctx.dtype, ctx.uniform = logits.dtype, uniform
-        return nll, spread
-
-    @staticmethod
-    def backward(ctx, grad_nll, grad_uniform):
-        log_probs, targets = ctx.saved_tensors
-        grad = log_probs.exp() if backward_keeps_graph() else log_probs.exp_()
-        grad.mul_(grad_nll + grad_uniform)
-        grad.scatter_add_(1, targets.unsqueeze(1), (-grad_nll).to(grad.dtype).expand(targets.shape[0], 1))
-        if ctx.uniform:
-            grad.sub_(grad_uniform / grad.shape[1])
-        return grad.to(ctx.dtype), None, None
 
 
 def doubly_stochastic_term(alpha: torch.Tensor, mask: torch.Tensor, weight: float, scale: str = "caption") -> torch.Tensor:
@@ -81,7 +54,7 @@ def caption_loss(logits: torch.Tensor, targets: torch.Tensor, alpha: torch.Tenso
     mask = targets != pad_index
     words = mask.sum()
     logits = logits[mask] if logits.dim() == 3 else logits
-    negative_log_likelihood, uniform = _WordNegativeLogLikelihood.apply(logits, targets[mask], label_smoothing > 0)
+    negative_log_likelihood, uniform = word_negative_log_likelihood(logits, targets[mask], label_smoothing > 0)
     cross_entropy = negative_log_likelihood / words
     word_loss = cross_entropy
     if label_smoothing > 0:
@@ -109,7 +82,8 @@ class CaptionLoss(nn.Module):
 
 
 class HardAttentionLoss(nn.Module):
-    """Surrogate loss whose gradient is the paper's estimator of ``-dL_s/dW`` (eq. 11-13), with its
+    """Surrogate loss whose gradient is the paper's estimator of ``-dL_s/dW`` (§4.1: the Monte Carlo gradient of the
+    variational bound ``L_s`` on ``log p(y|a)``, with the moving-average baseline and the entropy term), with its
     moving-average reward baseline as state.
 
     For each caption with sampled locations ``s`` (rows not in ``out.expectation_rows``):
@@ -144,19 +118,17 @@ class HardAttentionLoss(nn.Module):
         c = self.config
         if out.repeats is not None:
             targets = targets.repeat_interleave(out.repeats, 0)
-        mask = targets != 0
+        log_likelihood, mask = caption_log_likelihood(out.logits, targets)
         words = mask.sum()
-        word_log_probs = -F.cross_entropy(out.logits.float(), targets[mask], reduction="none")           # (W,)
-        log_likelihood = torch.zeros(mask.shape, device=mask.device).masked_scatter(mask, word_log_probs).sum(dim=1)
         cross_entropy = -log_likelihood.sum() / words
         sampled = ~out.expectation_rows
-        reward = log_likelihood.detach() / (mask.sum(dim=1).clamp_min(1) if c.hard_reward == "per_word" else 1)
+        reward = location_reward(log_likelihood, mask.sum(dim=1), c.hard_reward)
         if self.training and self.baseline_updates == 0 and sampled.any():
             self.baseline.copy_(reward[sampled].mean())    # the first batch sets b instead of comparing with 0
-        advantage = (reward - self.caption_baseline(reward, out.repeats) if c.hard_baseline == "caption"
+        advantage = (reward - caption_baseline(reward, out.repeats) if c.hard_baseline == "caption"
                      else reward - self.baseline) * sampled
         location_log_prob = (out.log_prob_location.float() * mask).sum(dim=1)
-        reinforce = -(advantage * location_log_prob).sum() / words
+        reinforce = reinforce_term(advantage, location_log_prob, words)
         entropy = (out.entropy.float() * mask).sum() / words
         result = {"cross_entropy": cross_entropy, "words": words, "reinforce": reinforce, "entropy": entropy,
                   "reward": reward.mean(), "baseline": self.baseline.detach().clone()}
@@ -172,21 +144,39 @@ class HardAttentionLoss(nn.Module):
         return result
 
 
-    @staticmethod
-    def caption_baseline(reward: torch.Tensor, repeats: torch.Tensor | None) -> torch.Tensor:
-        """Per row of ``reward`` (B',), the rows of each caption adjacent (``repeats`` (B,) of them, summing to B'):
-        the mean reward of the caption's other rows (0 for a caption of one row: on the expectation, it has no
-        advantage anyway)."""
-        if repeats is None:
-            return torch.zeros_like(reward)
-        caption = torch.arange(len(repeats), device=reward.device).repeat_interleave(repeats)
-        totals = torch.zeros(len(repeats), dtype=reward.dtype, device=reward.device).index_add_(0, caption, reward)
-        return (totals[caption] - reward) / (repeats[caption] - 1).clamp_min(1)
+def caption_log_likelihood(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``log p(y|s,a)`` of each caption (B',) from the logits (W, V) of its W real words (the
+    :class:`~captioner.models.decoder.TeacherForced` layout) and ``targets`` (B', T), and the mask (B', T) of the
+    real words."""
+    mask = targets != 0
+    word_log_probs = -F.cross_entropy(logits.float(), targets[mask], reduction="none")           # (W,)
+    return torch.zeros(mask.shape, device=mask.device).masked_scatter(mask, word_log_probs).sum(dim=1), mask
 
 
-LOSSES = {"likelihood": CaptionLoss, "hard_attention": HardAttentionLoss}
+def location_reward(log_likelihood: torch.Tensor, lengths: torch.Tensor, kind: str) -> torch.Tensor:
+    """REINFORCE's reward ``r`` of each caption's sampled locations (B',), detached: its log-likelihood
+    (``"sequence"``, the paper) or that per word (``"per_word"``; ``lengths`` (B',) the real words)."""
+    return log_likelihood.detach() / (lengths.clamp_min(1) if kind == "per_word" else 1)
+
+
+def caption_baseline(reward: torch.Tensor, repeats: torch.Tensor | None) -> torch.Tensor:
+    """Per row of ``reward`` (B',), the rows of each caption adjacent (``repeats`` (B,) of them, summing to B'): the
+    mean reward of the caption's other rows (0 for a caption of one row: on the expectation, it has no advantage
+    anyway)."""
+    if repeats is None:
+        return torch.zeros_like(reward)
+    caption = torch.arange(len(repeats), device=reward.device).repeat_interleave(repeats)
+    totals = torch.zeros(len(repeats), dtype=reward.dtype, device=reward.device).index_add_(0, caption, reward)
+    return (totals[caption] - reward) / (repeats[caption] - 1).clamp_min(1)
+
+
+def reinforce_term(advantage: torch.Tensor, location_log_prob: torch.Tensor, words: torch.Tensor) -> torch.Tensor:
+    """``-sum_rows (r - b) sum_t log alpha_t[s_t]`` divided by the ``words``: the surrogate whose gradient is
+    REINFORCE's estimate (§4.1); ``advantage`` ``r - b`` and ``location_log_prob`` (B',)."""
+    return -(advantage * location_log_prob).sum() / words
 
 
 def build_loss(decoder, loss_config: LossConfig) -> nn.Module:
-    """The loss module for ``decoder``'s declared ``objective`` under the config's ``loss`` section."""
-    return LOSSES[decoder.objective](loss_config)
+    """The loss module that fits ``decoder`` under the config's ``loss`` section: :class:`HardAttentionLoss` for a
+    decoder that samples locations, else :class:`CaptionLoss`."""
+    return (HardAttentionLoss if decoder.samples_locations else CaptionLoss)(loss_config)

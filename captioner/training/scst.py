@@ -89,7 +89,7 @@ class SelfCritical:
         mask = drawn.mask.float()
         log_probs = drawn.log_probs
         out = {}
-        if "chosen" in drawn.attention:             # hard attention: the sampled locations share the reward
+        if decoder.samples_locations:               # hard attention: the sampled locations share the reward
             alpha = drawn.attention["alpha"].float()
             log_probs = log_probs + (alpha * drawn.attention["chosen"]).sum(-1).clamp_min(1e-12).log() * mask
             out["attention_entropy"] = -(alpha * alpha.clamp_min(1e-12).log()).sum(-1).mul(mask).sum() / mask.sum()

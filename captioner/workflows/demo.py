@@ -38,8 +38,6 @@ from pathlib import Path
 import torch
 
 from captioner.checkpoint import checkpoint_digest
-from captioner.commands.evaluate import evaluate_checkpoint
-from captioner.commands.report import write_report
 from captioner.config import Config, load_config, recipes
 from captioner.data.readers import read_split
 from captioner.data.shapes import FORMAT_VERSION, generate_shapes, shapes_info
@@ -50,6 +48,8 @@ from captioner.models.captioner import DECODERS
 from captioner.predictor import Predictor
 from captioner.training.engine import train
 from captioner.utils import LOG_FORMAT, keep_freed_memory, usable_cores, write_file
+from captioner.workflows.evaluate import evaluate_checkpoint
+from captioner.workflows.report import write_report
 
 DEMO_RUNS = ("soft", "none", "hard", "transformer", "soft_scst")
 STARTS_FROM = {"soft_scst": "soft"}   # runs that fine-tune another run's best checkpoint

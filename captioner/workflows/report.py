@@ -32,7 +32,6 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from captioner.checkpoint import checkpoint_digest, load_checkpoint
-from captioner.commands.evaluate import evaluate_checkpoint, split_dataset
 from captioner.decoding.search import DecodeConfig
 from captioner.errors import CaptionerError
 from captioner.evaluation.attention_stats import attention_statistics
@@ -40,6 +39,7 @@ from captioner.export.folder import is_export
 from captioner.predictor import Predictor
 from captioner.utils import write_file
 from captioner.visualisation.attention_figure import PNG_COMPRESSION
+from captioner.workflows.evaluate import evaluate_checkpoint, split_dataset
 
 log = logging.getLogger(__name__)
 
@@ -93,10 +93,10 @@ def _read_metrics(run_dir: Path) -> list[dict]:
     return records
 
 
-def _stored_scores(path: Path, checkpoint: Path, settings: DecodeConfig) -> dict | None:
+def _stored_scores(path: Path, checkpoint: Path, decode_config: DecodeConfig) -> dict | None:
     """The scores in ``path`` (a ``scores_{split}.json`` of ``captioner evaluate``) when they provably are those
     of ``checkpoint`` alone (``checkpoint_sha256``), without config overrides (``overrides``) and decoded with
-    ``settings`` (``decode``); None when the file is missing, damaged (with a warning) or made otherwise."""
+    ``decode_config`` (``decode``); None when the file is missing, damaged (with a warning) or made otherwise."""
     if not path.exists():
         return None
     text = path.read_bytes()
@@ -105,12 +105,12 @@ def _stored_scores(path: Path, checkpoint: Path, settings: DecodeConfig) -> dict
     except ValueError as err:
         log.warning("%s; evaluating the run again", _json_error(path, text, err))
         return None
-    if (isinstance(scores, dict) and scores.get("overrides") == [] and scores.get("decode") == asdict(settings)
+    if (isinstance(scores, dict) and scores.get("overrides") == [] and scores.get("decode") == asdict(decode_config)
             and scores.get("runtime", "torch") == "torch"
             and scores.get("checkpoint_sha256") == [checkpoint_digest(checkpoint)]):
         return scores
     log.info("%s: not known to be the scores of %s with beam %d and these decode settings; evaluating the run again",
-             path, checkpoint, settings.beam)
+             path, checkpoint, decode_config.beam)
     return None
 
 
@@ -121,8 +121,8 @@ def collect_run(run_dir: Path, name: str, split: str, beam: int | None, stats_im
     checkpoint = _checkpoint_of(run_dir)
     metrics = _read_metrics(run_dir)
     predictor = Predictor.load(checkpoint, beam=beam)
-    model, vocab, config, settings = predictor.model, predictor.vocab, predictor.config, predictor.settings
-    scores = _stored_scores(run_dir / f"scores_{split}.json", checkpoint, settings)
+    model, vocab, config, decode_config = predictor.model, predictor.vocab, predictor.config, predictor.decode_config
+    scores = _stored_scores(run_dir / f"scores_{split}.json", checkpoint, decode_config)
     if scores is None:
         scores = evaluate_checkpoint(checkpoint, split, beam=beam, out_dir=run_dir, progress=False)
     last = run_dir / "last.pt"   # the whole run's training time, not the time up to the best epoch
@@ -134,7 +134,7 @@ def collect_run(run_dir: Path, name: str, split: str, beam: int | None, stats_im
     stats.update({k: v for k, v in (scores.get("attention") or {}).items() if k != "coverage"})  # the whole split's
     return {
         "name": name, "dir": run_dir, "checkpoint": checkpoint, "config": config, "predictor": predictor, "model": model,
-        "vocab": vocab, "settings": settings, "scores": scores, "metrics": metrics, "stats": stats,
+        "vocab": vocab, "decode_config": decode_config, "scores": scores, "metrics": metrics, "stats": stats,
         "train_seconds": progress.get("train_seconds"),
         "parameters": sum(p.numel() for p in model.decoder.parameters()),   # trained weights, buffers excluded
         "words_per_s": next((m["words_per_s"] for m in reversed(val) if m.get("words_per_s")), None),
@@ -248,7 +248,7 @@ def example_figures(runs: list[dict], records, out_dir: Path) -> list[dict]:
 def report_markdown(runs: list[dict], pictures: dict[str, Path], examples: list[dict], split: str,
                     stats_images: int) -> str:
     columns = [c for c in TABLE_COLUMNS if any(_row(r).get(c) is not None for r in runs)]
-    beams = sorted({r["settings"].beam for r in runs})
+    beams = sorted({r["decode_config"].beam for r in runs})
     lines = ["# Run comparison", "", f"Split: `{split}`, beam {', '.join(map(str, beams))}.", "", "## Metrics", "",
              "| run | " + " | ".join(columns) + " |", "|" + "---|" * (len(columns) + 1)]
     lines += ["| " + run["name"] + " | " + " | ".join(_cell(_row(run).get(c)) for c in columns) + " |" for run in runs]
