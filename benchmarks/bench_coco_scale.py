@@ -59,10 +59,11 @@ import time
 from pathlib import Path
 
 import numpy as np
-from captioner.utils import cpu_model
 from common import add_arguments
-from captioner.results.record import report
 from PIL import Image
+
+from captioner.core.devices import cpu_model
+from captioner.results.record import report
 
 ROOT = Path(__file__).resolve().parent.parent
 FULL_IMAGES, FULL_TRAIN, FULL_CAPTIONS, FULL_EVAL = 123_287, 82_783, 616_767, 5_000

@@ -52,13 +52,13 @@ from common import (
 )
 from torch.utils.flop_counter import FlopCounterMode
 from tutorial_reference import TutorialDecoder, tutorial_loss
-from captioner.results.record import report
 
 from captioner.decoding.search import beam_search
 from captioner.models.captioner import compile_decoder
 from captioner.models.lstm_decoder import LSTMDecoder, LSTMDecoderConfig
+from captioner.objectives.losses import caption_loss
+from captioner.results.record import report
 from captioner.training.engine import autocast
-from captioner.training.losses import caption_loss
 
 HERE = Path(__file__).resolve().parent
 
@@ -157,7 +157,7 @@ def bench_beam(decoder: LSTMDecoder, beam: int, batch: int, images: int) -> floa
 
 FRESH = """
 import time, torch
-from captioner.utils import keep_freed_memory
+from captioner.core.memory import keep_freed_memory
 if {allocator}:
     keep_freed_memory()
 torch.set_num_threads({threads})

@@ -21,12 +21,12 @@ import time
 
 import torch
 from common import END, RULES, START, VOCAB, PeakMemory, add_arguments, random_captions, setup, synchronise
-from captioner.results.record import report
 
 from captioner.config import load_config
 from captioner.decoding.search import beam_search
 from captioner.models.captioner import build_decoder
-from captioner.training.losses import build_loss
+from captioner.objectives.losses import build_loss
+from captioner.results.record import report
 
 DECODERS = {   # the paper's sizes (the LSTM defaults), and a Transformer at its defaults
     "soft_lstm": [],

@@ -14,13 +14,13 @@ import time
 
 import torch
 from common import RULES, VOCAB, add_arguments, setup, synchronise
-from captioner.results.record import report
 
 from captioner.data.vocabulary import Vocabulary
 from captioner.decoding.search import sample_captions
 from captioner.models.lstm_decoder import LSTMDecoder, LSTMDecoderConfig
-from captioner.training.rewards import CiderD
-from captioner.training.scst import caption_words, mean_of_others, policy_loss
+from captioner.objectives.rewards import CiderD
+from captioner.objectives.scst import caption_words, mean_of_others, policy_loss
+from captioner.results.record import report
 
 IMAGES, SAMPLES, REFERENCES, MAX_LENGTH = 32, 5, 5, 16
 

@@ -37,16 +37,16 @@ from common import (
     synchronise,
     training_step,
 )
-from captioner.results.record import report
 
 from captioner.config import load_config
 from captioner.decoding.search import beam_search
 from captioner.models.captioner import build_decoder
-from captioner.training.losses import build_loss, caption_loss
 from captioner.models.transformer_decoder import (
     TransformerDecoder,
     TransformerDecoderConfig,
 )
+from captioner.objectives.losses import build_loss, caption_loss
+from captioner.results.record import report
 
 REGIONS, REGION_DIM = 196, 512
 

@@ -37,7 +37,7 @@ def training_step(decoder: torch.nn.Module, features: torch.Tensor, optimizer: t
                   loss_of: Callable[[object, torch.Tensor], dict[str, torch.Tensor]]) -> Callable[[torch.Tensor], int]:
     """A function that runs one full step (forward, loss, backward, optimizer) of ``decoder`` on ``features``
     (B, L, D) and captions (B, T+2), returning the number of target words. ``loss_of(teacher_forced, targets)``
-    gives ``{"loss", "words", ...}``, as the training losses (:func:`captioner.training.losses.build_loss`) do."""
+    gives ``{"loss", "words", ...}``, as the training losses (:func:`captioner.objectives.losses.build_loss`) do."""
 
     def step(captions: torch.Tensor) -> int:
         loss = loss_of(decoder(features, captions), captions[:, 1:])
@@ -115,7 +115,7 @@ def add_arguments(parser: argparse.ArgumentParser, device: bool = True) -> None:
 
 def setup(args: argparse.Namespace) -> torch.device:
     """Apply ``--threads``, seed torch, and return the device to measure on."""
-    from captioner.utils import resolve_device
+    from captioner.core.devices import resolve_device
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -152,7 +152,7 @@ def run_with_isa(isa: str) -> None:
 def machine_facts(isa: str = "native") -> dict:
     """Where a result came from: the CPU's model and vector extensions, the ISA asked for and what torch uses
     (its kernels' capability, the environment variables set), the BLAS, threads, torch version, load average."""
-    from captioner.utils import cpu_model
+    from captioner.core.devices import cpu_model
 
     env_names = sorted({k for env in ISA_ENVIRONMENTS.values() for k in env})
     return {"cpu": cpu_model(), "cpu_vector_flags": cpu_flags(), "isa": isa,

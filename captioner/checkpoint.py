@@ -24,11 +24,11 @@ from pathlib import Path
 import torch
 
 from captioner.config import Config, apply_overrides, complete
+from captioner.core.files import atomic_write, file_sha256
 from captioner.data.vocabulary import Vocabulary
 from captioner.errors import CaptionerError
 from captioner.export.folder import CONFIG, is_export, read_export
 from captioner.models.captioner import Captioner, build_captioner
-from captioner.utils import atomic_write, file_sha256
 
 LEGACY_LOSS_STATE = {"decoder.reward_baseline": "baseline", "decoder.baseline_updates": "baseline_updates"}
 

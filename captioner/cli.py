@@ -37,7 +37,6 @@ from captioner.commands import (
 from captioner.errors import CaptionerError
 from captioner.version import __version__
 
-
 COMMANDS = (data, config, cache_features, train, evaluate, ground, caption, attend, export, compare, serve, demo)
 """The command modules, in the order ``captioner --help`` lists them (see :mod:`captioner.commands`)."""
 
@@ -79,7 +78,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from captioner.utils import LOG_FORMAT, keep_freed_memory
+    from captioner.core.console import LOG_FORMAT
+    from captioner.core.memory import keep_freed_memory
 
     keep_freed_memory()   # decoding in a fresh process as fast as in a warmed-up one (see its docstring)
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)

@@ -1,10 +1,11 @@
 """Configuration as typed sections, loaded from YAML with dotted command-line overrides.
 
 A config is a :class:`Config`: the sections ``run``, ``data``, ``encoder``, ``model``, ``loss``, ``train`` and
-``decode``, each a dataclass whose fields are declared with :func:`captioner.settings.setting`, which gives each
+``decode``, each a dataclass whose fields are declared with :func:`captioner.core.settings.setting`, which gives each
 setting its default, its one-line meaning, its type and its allowed values or bounds, in one place:
-:class:`RunConfig`, :class:`DataConfig`, :class:`LossConfig` and :class:`TrainConfig` here, ``encoder`` in
-:class:`~captioner.models.encoder.EncoderConfig`, ``decode`` in :class:`~captioner.decoding.search.DecodeConfig`,
+:class:`RunConfig` and :class:`TrainConfig` here, ``data`` in :class:`~captioner.data.config.DataConfig`,
+``encoder`` in :class:`~captioner.models.encoder.EncoderConfig`, ``loss`` in
+:class:`~captioner.objectives.losses.LossConfig`, ``decode`` in :class:`~captioner.decoding.search.DecodeConfig`,
 and ``model.<decoder>`` in each registered decoder's config (:data:`captioner.models.captioner.DECODERS`). Code
 reads attributes (``config.train.epochs``).
 
@@ -31,13 +32,15 @@ from pathlib import Path
 
 import yaml
 
+from captioner.core.devices import parse_device
+from captioner.core.files import write_file
+from captioner.core.settings import allowed, check_settings, check_value, default_of, kind_of, setting, settings_of
 from captioner.data.config import DataConfig
 from captioner.decoding.search import DecodeConfig
 from captioner.errors import CaptionerError
 from captioner.models.captioner import DECODERS, ModelConfig
 from captioner.models.encoder import EncoderConfig
-from captioner.settings import allowed, check_settings, check_value, default_of, kind_of, setting, settings_of
-from captioner.utils import parse_device, write_file
+from captioner.objectives.losses import LossConfig
 
 log = logging.getLogger(__name__)
 YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)     # libyaml's parser where PyYAML has it: 10x faster
@@ -58,30 +61,6 @@ class RunConfig:
         check_settings(self, "run")
         if self.device != "auto":
             parse_device(self.device)
-
-
-@dataclass
-class LossConfig:
-    """The ``loss`` section: the word loss, the attention regulariser and hard attention's REINFORCE terms."""
-
-    doubly_stochastic: float = setting(1.0, "lambda of the doubly stochastic attention regulariser", minimum=0)
-    doubly_stochastic_scale: str = setting(
-        "caption", "caption: the term per caption | word: per word, as the cross-entropy (the paper's balance)",
-        choices=("caption", "word"))
-    label_smoothing: float = setting(0.0, "mix of the uniform distribution into the word targets (not applied by hard "
-                                     "attention's loss)", minimum=0, below=1)
-    entropy_weight: float = setting(0.002, "hard attention: lambda_e of the entropy bonus", minimum=0)
-    baseline_decay: float = setting(0.9, "hard attention: b_k = decay * b_{k-1} + (1 - decay) * reward",
-                                    minimum=0, maximum=1)
-    hard_reward: str = setting(
-        "sequence", "hard attention: sequence: log p(y | s, a) (the paper) | per_word: divided by caption length",
-        choices=("sequence", "per_word"))
-    hard_baseline: str = setting(
-        "moving", "hard attention: moving: a moving average of the reward (the paper) | caption: the mean reward of "
-        "the caption's other location samples (model.lstm.location_samples >= 2)", choices=("moving", "caption"))
-
-    def check(self) -> None:
-        check_settings(self, "loss")
 
 
 @dataclass
@@ -253,7 +232,7 @@ def _merge(base: dict, update: dict, where: str, prefix: str = "") -> dict:
 
 
 def _checked(dotted: str, value, where: str):
-    """``value`` for setting ``dotted`` if that setting allows it (see :func:`captioner.settings.check_value`),
+    """``value`` for setting ``dotted`` if that setting allows it (see :func:`captioner.core.settings.check_value`),
     else a :class:`~captioner.errors.CaptionerError` naming ``where``, the setting and the value."""
     if dotted == "model.decoder":
         if value not in DECODERS:

@@ -38,12 +38,11 @@ import time
 from pathlib import Path
 
 import torch
-
 from coco_mini import COCO_MINI, coco_mini_features, coco_mini_overrides
 
 from captioner.config import load_config, recipes
+from captioner.core.console import LOG_FORMAT
 from captioner.training.engine import train
-from captioner.utils import LOG_FORMAT
 from captioner.workflows.evaluate import evaluate_checkpoint
 from captioner.workflows.ground import ground_checkpoint
 

@@ -31,9 +31,9 @@ from pathlib import Path
 from coco_mini import COCO_MINI, coco_mini_features, coco_mini_overrides
 
 from captioner.config import load_config, recipes
+from captioner.core.console import LOG_FORMAT
 from captioner.errors import CaptionerError
 from captioner.results.record import RESULTS_DIR, add_entry
-from captioner.utils import LOG_FORMAT
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -33,17 +33,16 @@ from pathlib import Path
 
 import torch
 import yaml
-
 from coco_mini import coco_mini_features, coco_mini_overrides
 
 from captioner.checkpoint import load_model
 from captioner.config import load_config, recipes
+from captioner.core.randomness import seed_everything
 from captioner.data.dataset import collate, make_dataset
 from captioner.data.readers import read_split
+from captioner.data.tokens import PAD_INDEX
+from captioner.objectives.losses import caption_baseline, caption_log_likelihood, location_reward, reinforce_term
 from captioner.results.record import write_result
-from captioner.tokens import PAD_INDEX
-from captioner.training.losses import caption_baseline, caption_log_likelihood, location_reward, reinforce_term
-from captioner.utils import seed_everything
 from captioner.workflows.evaluate import evaluate_checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent

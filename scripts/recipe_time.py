@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 
 from captioner.config import load_config, recipes
+from captioner.core.console import LOG_FORMAT
 from captioner.results.record import add_entry
-from captioner.utils import LOG_FORMAT
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = "recipe_times"
@@ -44,8 +44,8 @@ def time_recipe(name: str, overrides: list[str]) -> dict:
     """Train recipe ``name`` (seed 0) and score its best checkpoint on all validation photos; the timings."""
     import torch
 
+    from captioner.core.devices import usable_cores
     from captioner.training.engine import train
-    from captioner.utils import usable_cores
     from captioner.workflows.evaluate import evaluate_checkpoint
 
     torch.set_num_threads(usable_cores())

@@ -19,7 +19,7 @@ import pytest
 import torch
 from PIL import Image
 
-from captioner.utils import usable_cores
+from captioner.core.devices import usable_cores
 
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("WANDB_SILENT", "true")
@@ -84,7 +84,7 @@ def shared_by_workers(tmp_path_factory, name: str, build):
     worker first asks, and read back by the others (each xdist worker has a session of its own)."""
     if "PYTEST_XDIST_WORKER" not in os.environ:
         return build(tmp_path_factory.mktemp(name))
-    from filelock import FileLock        # a dependency of torch's
+    from filelock import FileLock  # a dependency of torch's
 
     root = tmp_path_factory.getbasetemp().parent        # the run's folder, above each worker's own
     folder, result = root / name, root / f"{name}.json"
@@ -159,7 +159,7 @@ def padded_logits(out, mask: torch.Tensor) -> torch.Tensor:
 
 def memorise(decoder, features, captions, lr: float, steps: int = 150) -> float:
     """Fit ``decoder`` to ``captions`` (B, T+1) of ``features`` (B, L, D) with Adam; returns the last loss."""
-    from captioner.training.losses import caption_loss
+    from captioner.objectives.losses import caption_loss
 
     optimizer = torch.optim.Adam(decoder.parameters(), lr=lr)
     for _ in range(steps):

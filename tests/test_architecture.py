@@ -14,13 +14,13 @@ from torch import nn
 from captioner import config as config_module
 from captioner.checkpoint import load_model
 from captioner.config import config_reference, load_config
+from captioner.core.settings import setting, settings_of
 from captioner.decoding.search import TokenRules, beam_search, greedy
 from captioner.errors import CaptionerError
 from captioner.models import captioner as registry
 from captioner.models.decoder import CaptionDecoder, TeacherForced
 from captioner.models.lstm_decoder import LSTMDecoder, LSTMDecoderConfig
 from captioner.models.transformer_decoder import TransformerDecoder, TransformerDecoderConfig
-from captioner.settings import setting, settings_of
 from captioner.training.engine import train
 from captioner.workflows.evaluate import evaluate_checkpoint
 from tests.conftest import tiny_config
@@ -116,14 +116,14 @@ def test_a_decoder_added_by_the_documented_steps_trains_decodes_and_is_evaluated
 # The layers of the package, lowest first: a module may import its own layer and those below, never one above; and
 # no two of its folders and top-level modules ("units") import each other, not even within a layer.
 LAYERS = (
-    ("leaves", ("captioner.errors", "captioner.utils", "captioner.settings", "captioner.tokens", "captioner.version")),
+    ("leaves", ("captioner.errors", "captioner.version", "captioner.core")),
     ("kernels", ("captioner.kernels",)),
     ("data", ("captioner.data",)),
     ("models and decoding", ("captioner.models", "captioner.decoding")),
+    ("objectives", ("captioner.objectives",)),
     ("exported files", ("captioner.export",)),
     ("config and checkpoints", ("captioner.config", "captioner.checkpoint")),
-    ("evaluation, drawing, feature extraction", ("captioner.evaluation", "captioner.visualisation",
-                                                 "captioner.feature_extraction")),
+    ("evaluation and drawing", ("captioner.evaluation", "captioner.visualisation")),
     ("training", ("captioner.training",)),
     ("results and their fingerprints", ("captioner.results",)),
     ("the predictor", ("captioner.predictor",)),

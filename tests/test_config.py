@@ -7,9 +7,9 @@ import pytest
 
 from captioner.cli import main
 from captioner.config import SECTIONS, Config, complete, load_config, save_config
+from captioner.core.settings import kind_of, matches_kind, settings_of
 from captioner.errors import CaptionerError
 from captioner.models.captioner import DECODERS
-from captioner.settings import kind_of, matches_kind, settings_of
 from tests.conftest import tiny_config
 
 

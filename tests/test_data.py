@@ -1,6 +1,5 @@
 """Vocabulary, config, COCO and Karpathy readers, datasets and the resumable sampler."""
 
-import dataclasses
 import json
 import re
 
@@ -12,9 +11,9 @@ from captioner.config import DataConfig, defaults, load_config, parse_override
 from captioner.data.dataset import CaptionDataset, EpochSampler, collate
 from captioner.data.readers import read_coco_captions, read_karpathy_splits, read_split
 from captioner.data.text import tokenize
+from captioner.data.tokens import SPECIALS
 from captioner.data.vocabulary import Vocabulary
 from captioner.errors import CaptionerError
-from captioner.tokens import SPECIALS
 
 
 def test_tokenize_lowercases_and_drops_punctuation_as_the_coco_evaluation_does():
@@ -109,8 +108,8 @@ def test_decoding_refuses_a_least_length_above_the_most():
 
 def test_each_default_is_written_once_in_the_class_that_reads_it():
     from captioner.config import SECTIONS
+    from captioner.core.settings import default_of, settings_of
     from captioner.models.captioner import DECODERS
-    from captioner.settings import default_of, settings_of
 
     config = defaults()
     classes = {**{name: (kind, config[name]) for name, kind in SECTIONS.items()},

@@ -10,9 +10,9 @@ import torch
 
 from captioner.checkpoint import build_model, load_checkpoint
 from captioner.config import save_config
+from captioner.core.randomness import seed_everything
 from captioner.data.dataset import EpochSampler
 from captioner.training.engine import train
-from captioner.utils import seed_everything
 from tests.conftest import tiny_config
 
 REPO = Path(__file__).resolve().parent.parent

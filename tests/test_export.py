@@ -15,11 +15,11 @@ from PIL import Image
 from captioner import Predictor
 from captioner.checkpoint import load_checkpoint
 from captioner.cli import main
+from captioner.core.files import UMASK
 from captioner.errors import CaptionerError
 from captioner.export.folder import FORMAT_VERSION
 from captioner.serve.checkpoints import load_served_models
 from captioner.training.engine import train
-from captioner.utils import UMASK
 from captioner.version import __version__
 from captioner.workflows.evaluate import evaluate_checkpoint
 from captioner.workflows.export import export_checkpoint

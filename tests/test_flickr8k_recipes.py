@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from captioner.config import load_config, recipes
-from captioner.feature_extraction import cache_features
 from captioner.predictor import Predictor
 from captioner.training.engine import train
+from captioner.training.features import cache_features
 
 FLICKR8K = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "flickr8k"
 RECIPES = ("flickr8k_full_soft", "flickr8k_full_hard", "flickr8k_full_transformer")

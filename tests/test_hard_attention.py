@@ -7,7 +7,7 @@ from captioner.config import LossConfig, load_config
 from captioner.decoding.search import TokenRules, beam_search, greedy
 from captioner.errors import CaptionerError
 from captioner.models.lstm_decoder import LSTMDecoder, LSTMDecoderConfig
-from captioner.training.losses import HardAttentionLoss, caption_baseline
+from captioner.objectives.losses import HardAttentionLoss, caption_baseline
 from tests.conftest import padded_logits
 
 START, END = 1, 2

@@ -8,7 +8,7 @@ from captioner import kernels
 from captioner.config import LossConfig
 from captioner.kernels import additive_score, recurrence, word_loss
 from captioner.models.lstm_decoder import LSTMDecoder, LSTMDecoderConfig
-from captioner.training.losses import HardAttentionLoss, caption_loss
+from captioner.objectives.losses import HardAttentionLoss, caption_loss
 
 START, END = 1, 2
 CAPTIONS = torch.tensor([[START, 5, 6, 7, END, 0, 0], [START, 8, END, 0, 0, 0, 0], [START, 5, 5, 5, 5, 5, END],

@@ -13,7 +13,7 @@ from captioner.models.transformer_decoder import (
     TransformerDecoder,
     TransformerDecoderConfig,
 )
-from captioner.training.losses import caption_loss
+from captioner.objectives.losses import caption_loss
 from tests.conftest import memorise, padded_logits
 
 START, END = 1, 2
@@ -155,7 +155,7 @@ def test_doubly_stochastic_term_has_the_gradient_of_a_coverage_target_of_t_over_
     scores = torch.randn(1, 5, 12, requires_grad=True)
     alpha = scores.softmax(-1)
     mask = torch.ones(1, 5, dtype=torch.bool)
-    from captioner.training.losses import doubly_stochastic_term
+    from captioner.objectives.losses import doubly_stochastic_term
 
     (paper,) = torch.autograd.grad(doubly_stochastic_term(alpha, mask, 1.0), scores, retain_graph=True)
     coverage = alpha.sum(1)

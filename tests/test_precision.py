@@ -8,9 +8,9 @@ from conftest import tiny_config
 
 from captioner.checkpoint import build_model, load_checkpoint
 from captioner.config import load_config
+from captioner.objectives.losses import build_loss
 from captioner.training import precision
 from captioner.training.engine import train
-from captioner.training.losses import build_loss
 
 ZEN3 = "processor\t: 0\nvendor_id\t: AuthenticAMD\nflags\t\t: fpu sse2 avx avx2 fma bmi2\n\nprocessor\t: 1\n"
 ZEN4 = "processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512bw avx512_bf16 vnni\n"

@@ -27,11 +27,11 @@ from PIL import Image
 from captioner.checkpoint import build_model, load_checkpoint, load_model, model_and_loss_states, save_checkpoint
 from captioner.cli import main
 from captioner.config import complete, load_config, save_config
+from captioner.core.files import write_file
 from captioner.errors import CaptionerError
 from captioner.predictor import Predictor
 from captioner.training import engine
 from captioner.training.engine import train
-from captioner.utils import write_file
 from tests.conftest import tiny_config
 from tests.test_images import png_header_only
 

@@ -122,7 +122,7 @@ def test_a_behaviour_change_makes_the_results_it_shapes_stale_naming_the_probe(t
     (the demo's) stays valid."""
     write_result("soft", {}, configs=["flickr8k_full_soft"], probes=["train flickr8k_full_soft"], results_dir=tmp_path)
     write_result("demo", {}, configs=["demo_soft"], probes=PROBES, results_dir=tmp_path)
-    from captioner.training import losses
+    from captioner.objectives import losses
 
     term = losses.doubly_stochastic_term
     monkeypatch.setattr(losses, "doubly_stochastic_term", lambda *args, **kwargs: 2 * term(*args, **kwargs))

@@ -13,6 +13,7 @@ import torch
 from captioner.checkpoint import build_model, load_checkpoint
 from captioner.cli import main
 from captioner.config import save_config
+from captioner.core import devices
 from captioner.data import feature_cache
 from captioner.data.feature_cache import FeatureCache, build_feature_cache, cache_is_complete
 from captioner.data.images import image_transform
@@ -20,7 +21,6 @@ from captioner.data.readers import read_split
 from captioner.errors import CaptionerError
 from captioner.training.distributed import World
 from captioner.training.engine import prepare_feature_cache, train
-from captioner import utils
 from tests.conftest import tiny_config
 
 
@@ -59,7 +59,7 @@ def test_cuda_that_does_not_work_is_one_line_with_the_reason(tiny_coco, tmp_path
     monkeypatch.setattr(torch.cuda, "init", init)
     with pytest.raises(CaptionerError, match="CUDA does not work on this machine: The NVIDIA driver on your system "
                        r"is too old \(found version 10020\)"):
-        utils.resolve_device("cuda")
+        devices.resolve_device("cuda")
     config = tmp_path / "config.yaml"
     save_config(tiny_config(tiny_coco, tmp_path / "run"), config)
     assert main(["train", str(config), "run.device=cuda"]) == 1
@@ -69,13 +69,13 @@ def test_cuda_that_does_not_work_is_one_line_with_the_reason(tiny_coco, tmp_path
     # auto falls back to the CPU, saying why where a driver is installed
     driver = tmp_path / "nvidia_version"
     driver.write_text("NVRM version: NVIDIA UNIX x86_64 Kernel Module  470.57.02  Tue Jul 13 16:14:05 UTC 2021\n")
-    monkeypatch.setattr(utils, "NVIDIA_DRIVER_FILE", str(driver))
-    with _warns(utils.log, "too old") as seen:
-        assert utils.resolve_device("auto") == torch.device("cpu")
+    monkeypatch.setattr(devices, "NVIDIA_DRIVER_FILE", str(driver))
+    with _warns(devices.log, "too old") as seen:
+        assert devices.resolve_device("auto") == torch.device("cpu")
     assert seen
-    assert utils.nvidia_driver_version() == "470.57.02"
+    assert devices.nvidia_driver_version() == "470.57.02"
     monkeypatch.setattr(torch.version, "cuda", None)
-    assert "has no CUDA support" in utils.cuda_unavailable_reason()
+    assert "has no CUDA support" in devices.cuda_unavailable_reason()
 
 
 class _warns:

@@ -15,9 +15,9 @@ from pycocoevalcap.cider.cider import Cider
 from captioner.data.vocabulary import Vocabulary
 from captioner.decoding.search import TokenRules, greedy, sample_captions
 from captioner.models.lstm_decoder import LSTMDecoder, LSTMDecoderConfig
+from captioner.objectives.rewards import CiderD, cached_cider, sentence_bleu4
+from captioner.objectives.scst import SelfCritical, mean_of_others, policy_loss
 from captioner.training.engine import train
-from captioner.training.rewards import CiderD, cached_cider, sentence_bleu4
-from captioner.training.scst import SelfCritical, mean_of_others, policy_loss
 from tests.conftest import tiny_config
 
 COCO_MINI = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "coco-mini"

@@ -13,6 +13,7 @@ from PIL import Image
 from pycocotools.coco import COCO
 
 from captioner.cli import main
+from captioner.core.files import read_json
 from captioner.data.shapes import (
     COLOUR_JITTER,
     COLOUR_RGB,
@@ -37,7 +38,6 @@ from captioner.evaluation.shapes_metrics import (
     shapes_objects,
     shapes_scores,
 )
-from captioner.utils import read_json
 
 
 def load_shapes_objects(instances_file):

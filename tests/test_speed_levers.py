@@ -13,8 +13,8 @@ import torch
 from captioner.models.captioner import compile_decoder
 from captioner.models.lstm_decoder import LSTMDecoder, LSTMDecoderConfig
 from captioner.models.transformer_decoder import TransformerDecoder, TransformerDecoderConfig
+from captioner.objectives.losses import caption_loss
 from captioner.training.engine import autocast
-from captioner.training.losses import caption_loss
 
 CAPTIONS = torch.tensor([[1, 5, 6, 7, 2, 0], [1, 8, 2, 0, 0, 0], [1, 5, 5, 9, 9, 2], [1, 4, 2, 0, 0, 0]])
 
@@ -98,7 +98,7 @@ def test_bf16_autocast_training_stays_close_to_fp32():
 
 FAULTS = """
 import ctypes, resource, sys
-from captioner.utils import keep_freed_memory
+from captioner.core.memory import keep_freed_memory
 kept = keep_freed_memory() if sys.argv[1] == "keep" else None
 libc = ctypes.CDLL(None)
 libc.malloc.restype, libc.malloc.argtypes, libc.free.argtypes = ctypes.c_void_p, [ctypes.c_size_t], [ctypes.c_void_p]

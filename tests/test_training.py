@@ -17,14 +17,14 @@ import torch
 from captioner.checkpoint import build_model, load_checkpoint
 from captioner.cli import main
 from captioner.config import load_config, save_config
+from captioner.core.console import progress_bar
 from captioner.data.feature_cache import FeatureCache, build_feature_cache
 from captioner.data.images import image_transform, load_image
 from captioner.data.readers import read_split
 from captioner.errors import CaptionerError
+from captioner.objectives.losses import caption_loss
 from captioner.training import engine
 from captioner.training.engine import train
-from captioner.training.losses import caption_loss
-from captioner.utils import progress_bar
 from captioner.visualisation import attention_figure
 from tests.conftest import tiny_config
 

@@ -1,5 +1,5 @@
 """``captioner cache-features``: run a config's frozen encoder once over its images and store the region
-features (:func:`captioner.feature_extraction.cache_features`)."""
+features (:func:`captioner.training.features.cache_features`)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def add_parser(commands) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from captioner.config import load_config
-    from captioner.feature_extraction import cache_features
+    from captioner.training.features import cache_features
 
     result = cache_features(load_config(args.config, args.overrides), args.splits, args.out,
                             batch_size=args.batch_size, dtype=args.dtype)

@@ -75,8 +75,8 @@ def unreadable_exit(unreadable: list[str], readable: int | None = None) -> int:
 def predictor_of(args: argparse.Namespace):
     """The :class:`~captioner.predictor.Predictor` of ``--checkpoint`` (several: an ensemble) with the overrides,
     ``--beam``, ``--n-best`` and ``--max-pixels``."""
+    from captioner.core.devices import resolve_device
     from captioner.predictor import Predictor
-    from captioner.utils import resolve_device
 
     return Predictor.load(args.checkpoint, device=resolve_device(args.device), overrides=args.overrides,
                           beam=args.beam, n_best=getattr(args, "n_best", None), max_pixels=args.max_pixels,

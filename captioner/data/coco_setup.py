@@ -44,9 +44,9 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from captioner.core.files import file_sha256, read_json, write_file
 from captioner.data.download import DownloadError, download, part_path
 from captioner.errors import CaptionerError
-from captioner.utils import file_sha256, read_json, write_file
 
 log = logging.getLogger(__name__)
 

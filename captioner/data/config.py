@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from captioner.core.settings import check_settings, setting
 from captioner.errors import CaptionerError
-from captioner.settings import check_settings, setting
 
 
 @dataclass

@@ -20,8 +20,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from captioner.core.console import progress_bar
 from captioner.errors import CaptionerError
-from captioner.utils import progress_bar
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ def download(url: str, dest: str | Path, *, progress: bool = True) -> Path:
     """Download ``url`` to ``dest`` (resumably, see the module docstring) and return ``dest``.
 
     ``dest`` already present is taken as complete (it only ever appears whole). ``progress``: a progress bar
-    (:func:`~captioner.utils.progress_bar`: on a terminal; elsewhere a line a minute). The body's length is checked
+    (:func:`~captioner.core.console.progress_bar`: on a terminal; elsewhere a line a minute). The body's length is checked
     against Content-Length (or Content-Range) when the server sends one. Raises :class:`DownloadError` naming the
     URL and the reason.
     """

@@ -26,10 +26,11 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from captioner.core.console import progress_bar
+from captioner.core.files import read_json, write_file
 from captioner.data.images import load_image
 from captioner.data.readers import ImageRecord
 from captioner.errors import CaptionerError, ImageError
-from captioner.utils import progress_bar, read_json, write_file
 
 PENDING, WRITTEN, FAILED = 0, 1, 2
 

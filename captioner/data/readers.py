@@ -14,10 +14,11 @@ from pathlib import Path
 
 from pycocotools.coco import COCO
 
+from captioner.core.files import read_json
+from captioner.core.memory import release_freed_memory
 from captioner.data.config import DataConfig
 from captioner.data.text import has_words
 from captioner.errors import CaptionerError
-from captioner.utils import read_json, release_freed_memory
 
 
 @dataclass
@@ -135,7 +136,7 @@ def read_split(data_config: DataConfig, split: str) -> list[ImageRecord]:
 
 def read_splits(data_config: DataConfig, splits: Sequence[str]) -> dict[str, list[ImageRecord]]:
     """``{split: records}`` of several splits (:func:`read_split`), a Karpathy file parsed once for all of them. The
-    memory that parsing took is handed back to the system afterwards (:func:`~captioner.utils.release_freed_memory`):
+    memory that parsing took is handed back to the system afterwards (:func:`~captioner.core.memory.release_freed_memory`):
     it would otherwise stay in this process, and in every DataLoader worker forked from it."""
     try:
         return _read_splits(data_config, splits)

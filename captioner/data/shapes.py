@@ -45,8 +45,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
+from captioner.core.devices import usable_cores
 from captioner.errors import CaptionerError
-from captioner.utils import usable_cores
 
 SHAPES = ("circle", "square", "triangle", "diamond", "cross")
 COLOURS = ("red", "green", "blue", "yellow", "purple", "orange")

@@ -7,12 +7,12 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
+from captioner.core.files import read_json, write_file
 from captioner.data.config import DataConfig
 from captioner.data.readers import read_split
 from captioner.data.text import tokenize
+from captioner.data.tokens import END_INDEX, PAD_INDEX, SPECIALS, START_INDEX, UNK_INDEX
 from captioner.errors import CaptionerError
-from captioner.tokens import END_INDEX, PAD_INDEX, SPECIALS, START_INDEX, UNK_INDEX
-from captioner.utils import read_json, write_file
 
 
 class Vocabulary:

@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from captioner.core.settings import check_settings, setting
 from captioner.data.text import OPEN_WORDS
 from captioner.errors import CaptionerError
-from captioner.settings import check_settings, setting
 
 NEG_INF = float("-inf")
 

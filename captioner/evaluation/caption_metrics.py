@@ -46,9 +46,9 @@ from pycocoevalcap.meteor import meteor as meteor_module
 from pycocoevalcap.rouge.rouge import Rouge
 from pycocoevalcap.tokenizer import ptbtokenizer
 
+from captioner.core.files import write_file
 from captioner.data.text import PUNCTUATION, tokenize
 from captioner.errors import CaptionerError
-from captioner.utils import write_file
 
 log = logging.getLogger(__name__)
 

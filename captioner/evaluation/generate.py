@@ -8,10 +8,10 @@ from collections.abc import Mapping
 import torch
 from torch.utils.data import DataLoader
 
+from captioner.core.console import progress_bar
 from captioner.data.dataset import CaptionDataset, collate, visual_inputs
 from captioner.data.vocabulary import Vocabulary
 from captioner.decoding.search import DecodeConfig, Generation, decode
-from captioner.utils import progress_bar
 
 log = logging.getLogger(__name__)
 

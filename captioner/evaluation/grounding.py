@@ -39,12 +39,12 @@ from pathlib import Path
 import numpy as np
 from pycocotools.coco import COCO
 
+from captioner.core.files import read_json
 from captioner.data.shapes import COLOURS, SHAPES
 from captioner.decoding.search import Generation
 from captioner.errors import CaptionerError
 from captioner.evaluation.coco_words import phrase_categories
 from captioner.evaluation.shapes_metrics import shapes_objects
-from captioner.utils import read_json
 
 
 @dataclass

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import torch
 
+from captioner.core.files import file_sha256, read_json, write_file
 from captioner.errors import CaptionerError
-from captioner.utils import file_sha256, read_json, write_file
 from captioner.version import __version__
 
 FORMAT = "captioner-export"

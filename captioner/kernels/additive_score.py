@@ -11,8 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from captioner.kernels.switch import fused_enabled
-from captioner.utils import backward_keeps_graph
+from captioner.kernels.switch import backward_keeps_graph, fused_enabled
 
 
 def additive_tanh_scores_plain(keys: torch.Tensor, query: torch.Tensor, weight: torch.Tensor,

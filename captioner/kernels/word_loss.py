@@ -12,8 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from captioner.kernels.switch import fused_enabled
-from captioner.utils import backward_keeps_graph
+from captioner.kernels.switch import backward_keeps_graph, fused_enabled
 
 
 def word_negative_log_likelihood_plain(logits: torch.Tensor, targets: torch.Tensor,

@@ -17,7 +17,7 @@ A decoder is an ``nn.Module`` with
   rows of images whose search has ended);
 * ``samples_locations``: whether it samples one region per word in training (stochastic hard attention): then
   its training loss is the variational bound trained by REINFORCE
-  (:class:`captioner.training.losses.HardAttentionLoss`), else the cross-entropy with the attention regulariser,
+  (:class:`captioner.objectives.losses.HardAttentionLoss`), else the cross-entropy with the attention regulariser,
   and its ``step`` reports the ``"chosen"`` cells.
 
 :class:`CaptionDecoder` states it as a ``typing.Protocol``; ``isinstance`` checks it at run time.
@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import torch
+
 
 @dataclass
 class TeacherForced:

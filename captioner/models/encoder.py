@@ -36,8 +36,8 @@ from torch import Tensor, nn
 from torch.nn.utils.fusion import fuse_conv_bn_eval
 from torchvision.transforms import InterpolationMode
 
+from captioner.core.settings import check_settings, setting
 from captioner.errors import CaptionerError
-from captioner.settings import check_settings, setting
 
 STRIDES = (16, 32)
 

@@ -15,7 +15,7 @@ Regions ``a`` (B, L, D'); at step t, from the previous word ``y_{t-1}`` and stat
 expectation (``z_t`` as in soft attention) with probability ``expectation_probability``, the paper's variance
 reduction, and draws ``location_samples`` location sequences for each other caption; at inference
 (``hard_decode``) the location is the argmax of ``alpha_t``, a sample, or the expectation itself (the context the
-expectation rows trained on). Its objective is :class:`captioner.training.losses.HardAttentionLoss`.
+expectation rows trained on). Its objective is :class:`captioner.objectives.losses.HardAttentionLoss`.
 
 Work that does not depend on the step leaves the loop: ``W_a a_i`` once per image, the embedding part of the gates
 and the whole output layer once per caption. Teacher forcing packs the words step-major, longest caption first,
@@ -32,12 +32,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from captioner.core.settings import check_settings, setting
+from captioner.data.tokens import PAD_INDEX
 from captioner.kernels.recurrence import StepRecord, prefixes, recurrent_terms
 from captioner.models.attention import ACTIVATIONS, SCORES, RegionAttention
 from captioner.models.decoder import TeacherForced
 from captioner.models.positions import grid_code
-from captioner.settings import check_settings, setting
-from captioner.tokens import PAD_INDEX
 
 
 @dataclass

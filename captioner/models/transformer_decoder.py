@@ -46,10 +46,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from captioner.core.settings import check_settings, setting
+from captioner.data.tokens import PAD_INDEX
 from captioner.models.decoder import TeacherForced
 from captioner.models.positions import grid_code, sinusoidal_code
-from captioner.settings import check_settings, setting
-from captioner.tokens import PAD_INDEX
 
 
 @dataclass

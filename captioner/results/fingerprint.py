@@ -112,7 +112,7 @@ def probe_conditions(seed: int = 0) -> Iterator[None]:
     """One torch thread, float32 defaults and the global random state seeded, all restored after."""
     import torch
 
-    from captioner.utils import rng_state, seed_everything, set_rng_state
+    from captioner.core.randomness import rng_state, seed_everything, set_rng_state
 
     threads, saved = torch.get_num_threads(), rng_state()
     torch.set_num_threads(1)
@@ -175,10 +175,10 @@ def train_probe(config) -> dict:
     """A few training steps of ``config``'s model through the engine's own step (see the module docstring)."""
     import torch
 
+    from captioner.objectives.losses import build_loss
+    from captioner.objectives.scst import SelfCritical, metric_reward
     from captioner.training import engine
     from captioner.training.distributed import World
-    from captioner.training.losses import build_loss
-    from captioner.training.scst import SelfCritical, metric_reward
 
     config = dataclasses.replace(config, train=dataclasses.replace(config.train, amp=False, compile=False))
     vocab = probe_vocabulary()
@@ -230,7 +230,7 @@ def fitted_model(config, vocab):
     model writes none: its first word is as likely ``<end>`` as any); in evaluation mode, with those features."""
     import torch
 
-    from captioner.training.losses import build_loss
+    from captioner.objectives.losses import build_loss
 
     model = probe_model(config, vocab)
     batch = probe_batch(config, vocab, model, PROBE_IMAGES)
@@ -322,7 +322,7 @@ def data_probe(config) -> dict:
     from captioner.data.dataset import collate, make_dataset
     from captioner.data.readers import read_split
     from captioner.data.vocabulary import training_vocabulary
-    from captioner.feature_extraction import cache_features
+    from captioner.training.features import cache_features
 
     with tempfile.TemporaryDirectory() as folder:
         config = write_probe_data(Path(folder), config)

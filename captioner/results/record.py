@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import platform
+import re
 import shlex
 import subprocess
 import sys
@@ -65,7 +65,7 @@ def machine_block(date: float | None = None, commit: str | None = None) -> dict:
     one that ran, where another checkout did), whether the checkout had uncommitted changes, the load average."""
     import torch
 
-    from captioner.utils import cpu_model, usable_cores
+    from captioner.core.devices import cpu_model, usable_cores
 
     gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
     status = None if commit else git("status", "--porcelain", "--untracked-files=no")
@@ -80,8 +80,8 @@ def result_settings(config) -> dict[str, object]:
     """The settings of a resolved config that shape numbers, as flat ``{"section.key": value}`` (those declared
     with ``affects_results=False`` left out)."""
     from captioner.config import SECTIONS
+    from captioner.core.settings import settings_of
     from captioner.models.captioner import DECODERS
-    from captioner.settings import settings_of
 
     def section(prefix: str, kind, values) -> dict:
         return {f"{prefix}.{name}": _plain(getattr(values, name)) for name, field in settings_of(kind).items()

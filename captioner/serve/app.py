@@ -38,6 +38,7 @@ from PIL import Image
 from pydantic_core import to_json
 from starlette.middleware.cors import CORSMiddleware
 
+from captioner.core.devices import resolve_device
 from captioner.decoding.search import Generation
 from captioner.errors import CaptionerError
 from captioner.predictor import draw_generation_figure
@@ -49,7 +50,6 @@ from captioner.serve.connections import GuardedHttp
 from captioner.serve.decoding_process import DecodingProcess, LoadSettings
 from captioner.serve.errors import ApiError, UploadLimit, install_error_handlers
 from captioner.serve.limits import ARRIVAL, Admission, DecodeBudget, InFlight, decode_cost, image_header
-from captioner.utils import resolve_device
 from captioner.version import __version__
 from captioner.visualisation import attention_figure
 

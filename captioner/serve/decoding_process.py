@@ -200,7 +200,8 @@ def _child(connection, settings: LoadSettings) -> None:
     """The child's loop: load the models and send ``("ready", their descriptions)``, then answer
     ``(key, images)`` with ``("ok", captions)`` or ``("error", one line)`` until ``None`` or the parent is gone.
     Ctrl-C reaches the whole process group: the child leaves it to the parent, which stops it."""
-    from captioner.utils import keep_freed_memory, resolve_device
+    from captioner.core.devices import resolve_device
+    from captioner.core.memory import keep_freed_memory
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     keep_freed_memory()     # a spawned interpreter starts with glibc's defaults again: set up as the CLI does

@@ -128,7 +128,7 @@ class DecodeBudget:
 
 def _giving_back(function: Callable[..., Any], *args: Any) -> Any:
     """``function(*args)``, then the memory freed meanwhile handed back to the system (glibc's ``malloc_trim``):
-    the command line has glibc keep freed memory for reuse (:func:`captioner.utils.keep_freed_memory`), which
+    the command line has glibc keep freed memory for reuse (:func:`captioner.core.memory.keep_freed_memory`), which
     would leave the server's process as large as its largest decodings for good."""
     try:
         return function(*args)

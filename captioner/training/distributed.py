@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from captioner.core.devices import resolve_device
 from captioner.errors import CaptionerError
-from captioner.utils import resolve_device
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,9 @@ from tqdm import tqdm
 
 from captioner.checkpoint import build_model, load_checkpoint, model_and_loss_states, save_checkpoint
 from captioner.config import Config, TrainConfig, complete, save_config
+from captioner.core.console import progress_bar
+from captioner.core.devices import describe_device
+from captioner.core.randomness import rng_state, seed_everything, set_rng_state
 from captioner.data.dataset import (
     CaptionDataset,
     EpochSampler,
@@ -40,8 +43,9 @@ from captioner.decoding.search import DecodeConfig
 from captioner.errors import CaptionerError
 from captioner.evaluation.caption_metrics import score_captions
 from captioner.evaluation.generate import caption_texts, generate_captions
-from captioner.feature_extraction import cache_features
 from captioner.models.captioner import Captioner, compile_decoder
+from captioner.objectives.losses import build_loss
+from captioner.objectives.scst import SelfCritical, metric_reward
 from captioner.training.distributed import (
     World,
     all_sum,
@@ -50,11 +54,9 @@ from captioner.training.distributed import (
     setup,
     teardown,
 )
-from captioner.training.losses import build_loss
+from captioner.training.features import cache_features
 from captioner.training.precision import Precision, amp_dtype, autocast, choose_precision
 from captioner.training.run_io import GracefulStop, MetricsLogger
-from captioner.training.scst import SelfCritical, metric_reward
-from captioner.utils import describe_device, progress_bar, rng_state, seed_everything, set_rng_state
 from captioner.version import __version__
 
 log = logging.getLogger(__name__)

@@ -11,7 +11,7 @@ import signal
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from captioner.utils import write_file
+from captioner.core.files import write_file
 
 if TYPE_CHECKING:
     from captioner.config import Config

@@ -22,8 +22,8 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 from PIL import Image
 
+from captioner.core.files import write_file
 from captioner.data.images import to_rgb
-from captioner.utils import write_file
 
 BLUR_SIGMA_PER_CELL = 0.3
 """Standard deviation of the smoothing blur, as a fraction of one grid cell (per axis)."""

@@ -39,15 +39,18 @@ import torch
 
 from captioner.checkpoint import checkpoint_digest
 from captioner.config import Config, load_config, recipes
+from captioner.core.console import LOG_FORMAT
+from captioner.core.devices import usable_cores
+from captioner.core.files import write_file
+from captioner.core.memory import keep_freed_memory
 from captioner.data.readers import read_split
 from captioner.data.shapes import FORMAT_VERSION, generate_shapes, shapes_info
 from captioner.errors import CaptionerError
 from captioner.evaluation.caption_metrics import meteor_kept
-from captioner.feature_extraction import cache_features
 from captioner.models.captioner import DECODERS
 from captioner.predictor import Predictor
 from captioner.training.engine import train
-from captioner.utils import LOG_FORMAT, keep_freed_memory, usable_cores, write_file
+from captioner.training.features import cache_features
 from captioner.workflows.evaluate import evaluate_checkpoint
 from captioner.workflows.report import write_report
 

@@ -58,11 +58,11 @@ def evaluate_checkpoint(checkpoints: str | Path | Sequence[str | Path], split: s
     split (shapes or COCO), attention grounding (``pointing_accuracy`` and the ``grounding`` breakdown) of the
     images the file holds."""
     from captioner.checkpoint import checkpoint_digest, checkpoint_folder
+    from captioner.core.devices import resolve_device
     from captioner.evaluation.caption_metrics import meteor_kept, score_captions
     from captioner.evaluation.diversity import diversity_measures
     from captioner.evaluation.generate import caption_texts
     from captioner.predictor import Predictor
-    from captioner.utils import resolve_device
 
     refuse_file_as_folder(out_dir)
     predictor = Predictor.load(checkpoints, device=resolve_device(device), overrides=overrides, beam=beam,
@@ -90,8 +90,8 @@ def write_results(out_dir: Path, split: str, scores: dict, texts: dict[int, str]
                   vocab) -> None:
     """``captions_{split}.json`` (COCO results format), ``scores_{split}.json`` and, given the ``generations``,
     the n best captions of every image with their log-probabilities, ``nbest_{split}.json``, into ``out_dir``."""
+    from captioner.core.files import write_file
     from captioner.evaluation.caption_metrics import write_coco_results
-    from captioner.utils import write_file
 
     write_coco_results(texts, out_dir / f"captions_{split}.json")
     write_file(out_dir / f"scores_{split}.json", json.dumps(scores, indent=2))

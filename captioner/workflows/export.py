@@ -39,8 +39,8 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, *, dtype: str = "
     config.json written}``. ``overrides`` (``section.key=value``) change the settings the export keeps (decode
     defaults, say), as they would change the checkpoint's for any command."""
     from captioner.checkpoint import build_checkpoint_model, load_checkpoint
+    from captioner.core.files import UMASK
     from captioner.export.folder import DTYPES, is_export
-    from captioner.utils import UMASK
 
     checkpoint, out = Path(checkpoint), Path(out)
     if dtype not in DTYPES:
@@ -71,8 +71,8 @@ def write_package(staging: Path, name: str, model, vocab, config, payload: dict,
     """The files of the export ``name`` of ``checkpoint`` (its ``payload``, and the ``model``, ``vocab`` and
     ``config`` built from it) written into ``staging``: ``(the config.json written, {file: bytes})``."""
     from captioner.checkpoint import build_checkpoint_model
+    from captioner.core.files import write_file
     from captioner.export.folder import CARD, read_export, write_config, write_export_files
-    from captioner.utils import write_file
     from captioner.workflows.model_card import model_card
 
     regions = {"image_size": list(model.encoder.image_size), "grid": list(model.encoder.grid),

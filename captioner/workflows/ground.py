@@ -21,12 +21,13 @@ def ground_checkpoint(checkpoint: str | Path, split: str = "test", *, beam: int 
     ``out_dir`` (default: the checkpoint's folder, or the export folder itself), with the checkpoint's SHA-256 and
     the overrides, as evaluate records them."""
     from captioner.checkpoint import checkpoint_digest, checkpoint_folder
+    from captioner.core.devices import resolve_device
+    from captioner.core.files import write_file
     from captioner.data.dataset import make_dataset
     from captioner.data.readers import read_split
     from captioner.evaluation.generate import read_references
     from captioner.evaluation.grounding import ground
     from captioner.predictor import Predictor
-    from captioner.utils import resolve_device, write_file
 
     refuse_file_as_folder(out_dir)
     predictor = Predictor.load(checkpoint, device=resolve_device(device), overrides=overrides, beam=beam)

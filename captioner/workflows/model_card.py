@@ -11,11 +11,11 @@ from pathlib import Path
 
 from captioner.checkpoint import checkpoint_digest
 from captioner.config import Config
+from captioner.core.settings import settings_of
 from captioner.data.config import DataConfig
 from captioner.data.shapes import shapes_info
 from captioner.export.folder import CARD
 from captioner.models.captioner import DECODERS
-from captioner.settings import settings_of
 from captioner.version import __version__
 
 SCORE_KEYS = ("BLEU-1", "BLEU-4", "METEOR", "ROUGE-L", "CIDEr", "SPICE")

@@ -32,12 +32,12 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from captioner.checkpoint import checkpoint_digest, load_checkpoint
+from captioner.core.files import write_file
 from captioner.decoding.search import DecodeConfig
 from captioner.errors import CaptionerError
 from captioner.evaluation.attention_stats import attention_statistics
 from captioner.export.folder import is_export
 from captioner.predictor import Predictor
-from captioner.utils import write_file
 from captioner.visualisation.attention_figure import PNG_COMPRESSION
 from captioner.workflows.evaluate import evaluate_checkpoint, split_dataset
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from captioner.utils import atomic_write
+from captioner.core.files import atomic_write
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,5 @@
 """``captioner cache-features``: run a config's frozen encoder over the images of its splits into a feature cache
-(:mod:`captioner.data.feature_cache`), which training and evaluation then read instead of the images. Above
-the models and the data: it builds the encoder the config names."""
+(:mod:`captioner.data.feature_cache`), which training and evaluation then read instead of the images."""
 
 from __future__ import annotations
 
@@ -9,12 +8,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from captioner.config import Config
+from captioner.core.devices import resolve_device
 from captioner.data.feature_cache import build_feature_cache
 from captioner.data.images import image_transform
 from captioner.data.readers import read_splits
 from captioner.errors import CaptionerError
 from captioner.models.encoder import build_encoder
-from captioner.utils import resolve_device
 
 
 def cache_features(config: Config, splits: Sequence[str], folder: str | Path | None = None, *, batch_size: int = 32,

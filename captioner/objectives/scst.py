@@ -2,7 +2,7 @@
 
 For each image of a batch, k captions are drawn from the model in one batched pass (through the decode-step
 interface, so every decoder works), each is scored against the image's references (CIDEr-D, optionally plus
-BLEU-4: :mod:`captioner.training.rewards`), and REINFORCE raises the log-probability of the captions that score
+BLEU-4: :mod:`captioner.objectives.rewards`), and REINFORCE raises the log-probability of the captions that score
 above a baseline and lowers it for those below:
 
     loss = - sum_{i, t} (r_i - b_i) * log p(w_it) / (sampled words)
@@ -24,7 +24,7 @@ import torch
 from captioner.data.text import tokenize
 from captioner.data.vocabulary import Vocabulary
 from captioner.decoding.search import TokenRules, sample_captions
-from captioner.training.rewards import cached_cider, sentence_bleu4
+from captioner.objectives.rewards import cached_cider, sentence_bleu4
 
 RewardFunction = Callable[[list[list[str]], list[int]], np.ndarray]
 

@@ -10,13 +10,39 @@ in checkpoints beside the model's.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from captioner.config import LossConfig
+from captioner.core.settings import check_settings, setting
 from captioner.kernels.word_loss import word_negative_log_likelihood
 from captioner.models.decoder import TeacherForced
+
+
+@dataclass
+class LossConfig:
+    """The ``loss`` section: the word loss, the attention regulariser and hard attention's REINFORCE terms."""
+
+    doubly_stochastic: float = setting(1.0, "lambda of the doubly stochastic attention regulariser", minimum=0)
+    doubly_stochastic_scale: str = setting(
+        "caption", "caption: the term per caption | word: per word, as the cross-entropy (the paper's balance)",
+        choices=("caption", "word"))
+    label_smoothing: float = setting(0.0, "mix of the uniform distribution into the word targets (not applied by hard "
+                                     "attention's loss)", minimum=0, below=1)
+    entropy_weight: float = setting(0.002, "hard attention: lambda_e of the entropy bonus", minimum=0)
+    baseline_decay: float = setting(0.9, "hard attention: b_k = decay * b_{k-1} + (1 - decay) * reward",
+                                    minimum=0, maximum=1)
+    hard_reward: str = setting(
+        "sequence", "hard attention: sequence: log p(y | s, a) (the paper) | per_word: divided by caption length",
+        choices=("sequence", "per_word"))
+    hard_baseline: str = setting(
+        "moving", "hard attention: moving: a moving average of the reward (the paper) | caption: the mean reward of "
+        "the caption's other location samples (model.lstm.location_samples >= 2)", choices=("moving", "caption"))
+
+    def check(self) -> None:
+        check_settings(self, "loss")
 
 
 def doubly_stochastic_term(alpha: torch.Tensor, mask: torch.Tensor, weight: float, scale: str = "caption") -> torch.Tensor:
