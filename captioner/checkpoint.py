@@ -75,8 +75,8 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
 
 
 def _verify_archive(path: Path) -> None:
-    """Check every member of a ``torch.save`` zip archive against its CRC-32 (torch's reader does not), in
-    about a tenth of a second per 100 MB; a file that is not a zip archive is left to ``torch.load``."""
+    """Check every member of a ``torch.save`` zip archive against its CRC-32 (torch's reader does not); a file
+    that is not a zip archive is left to ``torch.load``."""
     if not zipfile.is_zipfile(path):
         with path.open("rb") as handle:
             starts_as_archive = handle.read(4) == b"PK\x03\x04"

@@ -5,7 +5,7 @@ sub-parser and runs it; this module assembles them, parses the line and turns us
 Commands that read a config or a checkpoint take ``section.key=value`` overrides anywhere on the line
 (before, between or after the options); every command checks them the same way (an unknown key is an
 error naming it). Each command imports torch and what loads it only when it runs, so that ``captioner --help``
-and argument errors do not wait for torch to load (about a second).
+and argument errors do not wait for torch to load.
 
 User errors (bad files, configs, checkpoints, unwritable folders, full disks) print one line naming the file and what is wrong and exit
 with status 1; ``--debug`` shows the traceback instead.

@@ -1,22 +1,18 @@
 """Configuration as typed sections, loaded from YAML with dotted command-line overrides.
 
 A config is a :class:`Config`: the sections ``run``, ``data``, ``encoder``, ``model``, ``loss``, ``train`` and
-``decode``, each a dataclass whose fields are declared with :func:`captioner.core.settings.setting`, which gives each
-setting its default, its one-line meaning, its type and its allowed values or bounds, in one place:
-:class:`RunConfig` and :class:`TrainConfig` here, ``data`` in :class:`~captioner.data.config.DataConfig`,
-``encoder`` in :class:`~captioner.models.encoder.EncoderConfig`, ``loss`` in
-:class:`~captioner.objectives.losses.LossConfig`, ``decode`` in :class:`~captioner.decoding.search.DecodeConfig`,
-and ``model.<decoder>`` in each registered decoder's config (:data:`captioner.models.captioner.DECODERS`). Code
-reads attributes (``config.train.epochs``).
+``decode``, each a dataclass whose fields are declared with :func:`captioner.core.settings.setting` (default, meaning,
+type, allowed values or bounds): :class:`RunConfig` and :class:`TrainConfig` here, the others in
+:class:`~captioner.data.config.DataConfig`, :class:`~captioner.models.encoder.EncoderConfig`,
+:class:`~captioner.objectives.losses.LossConfig`, :class:`~captioner.decoding.search.DecodeConfig` and each registered
+decoder's config (:data:`captioner.models.captioner.DECODERS`). Code reads attributes (``config.train.epochs``).
 
-A YAML file or an override may only set keys that exist (a typo is an error naming the key, with the closest
-known key as a suggestion), and every value is checked against its setting when it is read: a wrong value is
-one line naming the file or override, the setting and what it takes, before anything runs. Then each section's
-``check()`` holds the settings that depend on one another. Overrides are ``section.key=value`` with ``value``
-parsed as YAML (``model.lstm.attention_dim=256``, ``encoder.grid=[7,7]``, ``run.device=cpu``). Configs written
-before the decoders had sections of their own (flat ``model.*`` keys, ``train.label_smoothing``) are translated
-once, on reading, by :func:`translate_legacy`. Every run writes its resolved config as ``config.yaml``; a
-checkpoint keeps it as a plain dict (:meth:`Config.to_dict`), read back by :func:`complete`.
+A YAML file or an override may set only keys that exist (a typo is an error naming the key and the closest known
+one), and every value is checked against its setting before anything runs; each section's ``check()`` then holds
+the settings that depend on one another. Overrides are ``section.key=value``, the value parsed as YAML
+(``model.lstm.attention_dim=256``). Older flat keys (``model.*``, ``train.label_smoothing``) are translated on
+reading by :func:`translate_legacy`. A checkpoint keeps the resolved config as a plain dict (:meth:`Config.to_dict`),
+read back by :func:`complete`.
 """
 
 from __future__ import annotations
@@ -43,7 +39,7 @@ from captioner.models.encoder import EncoderConfig
 from captioner.objectives.losses import LossConfig
 
 log = logging.getLogger(__name__)
-YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)     # libyaml's parser where PyYAML has it: 10x faster
+YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)     # libyaml's faster parser where PyYAML has it
 
 VALIDATION_METRICS = ("BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "ROUGE-L", "CIDEr")
 """The scores validation computes after each epoch (no Java: METEOR is left to the final evaluation)."""

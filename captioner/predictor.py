@@ -1,12 +1,10 @@
 """The one way from trained weights to captions: a :class:`Predictor` holds the model, vocabulary and config of a
 checkpoint or an export folder (``captioner export``), the encoder's image transform and the decode settings,
-prepared once (eval mode, BatchNorms folded into the convolutions, channels-last, the decoding step compiled when
-``decode.compile`` asks; or the export's ONNX graphs in ONNX Runtime). ``captioner caption``, ``attend``,
-``evaluate``, ``ground`` and ``compare``, the demo, ``captioner serve`` and its decoding process all caption through
-it, and it is the Python API. As a Hugging Face pipeline does, it works in three steps, each a method to call
-or override: :meth:`Predictor.preprocess` (an image file to the encoder's input), :meth:`Predictor.forward` (a
-batch of inputs to generations: the encoder and the search) and :meth:`Predictor.postprocess` (a generation to a
-:class:`CaptionResult`); :meth:`Predictor.caption` runs them over files in batches::
+prepared once for inference (BatchNorms folded, the step compiled where ``decode.compile`` asks; or the
+export's ONNX graphs in ONNX Runtime). Every command that captions, the server and the Python API go through it.
+It works in three steps, each a method to call or override: :meth:`Predictor.preprocess` (an image file to the
+encoder's input), :meth:`Predictor.forward` (a batch of inputs to generations) and :meth:`Predictor.postprocess`
+(a generation to a :class:`CaptionResult`); :meth:`Predictor.caption` runs them over files in batches::
 
     from captioner import Predictor
 
@@ -100,11 +98,10 @@ class Predictor:
              max_pixels: int | None = None, runtime: str = "torch") -> Predictor:
         """The predictor of a checkpoint or an export folder (``captioner export``), or of several decoded together
         as an ensemble (the first one's encoder, data and decode settings). ``overrides`` (``section.key=value``)
-        change each checkpoint's config (decoding and data settings freely; model settings must still fit the
-        weights); ``beam``, ``n_best`` and ``max_pixels`` replace ``decode.beam``, ``decode.n_best`` and
-        ``data.max_pixels``. ``runtime="onnx"``: the encoder and the decoder's steps run in ONNX Runtime, from the
-        graphs of an export made with ``--onnx`` (the search, the image transform and the settings stay captioner's;
-        model and encoder settings cannot be overridden, they are in the graphs)."""
+        change each config (model settings must still fit the weights); ``beam``, ``n_best`` and ``max_pixels``
+        replace ``decode.beam``, ``decode.n_best`` and ``data.max_pixels``. ``runtime="onnx"`` runs the encoder
+        and the decoder's steps in ONNX Runtime from an ``--onnx`` export, whose model and encoder settings cannot
+        be overridden."""
         paths = [Path(checkpoints)] if isinstance(checkpoints, (str, Path)) else [Path(p) for p in checkpoints]
         if not paths:
             raise CaptionerError("no checkpoint given")
@@ -240,7 +237,7 @@ def draw_generation_figure(image: Image.Image, words: list[str], generation: Gen
                            out: str | Path, *, name: str, boxes=None, title: str = "") -> Path:
     """The paper-style figure of ``generation`` (its ``words``) on ``image`` into ``out``, the decoder's maps
     over its ``grid``; raises :class:`~captioner.errors.CaptionerError` (naming ``name``) when it has none."""
-    # imported here: matplotlib takes ~0.4 s to import, a tenth of `captioner caption`'s whole run
+    # imported here: matplotlib is slow to import, and only a figure needs it
     from captioner.visualisation.attention_figure import draw_attention_figure
 
     alpha = attention_maps(generation, grid, "alpha")

@@ -153,7 +153,8 @@ def unit_of(module: str) -> str:
     return ".".join(module.split(".")[:2])
 
 
-PACKAGE = Path(__file__).resolve().parent.parent / "captioner"
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "captioner"
 
 
 def package_imports(package: Path = PACKAGE) -> dict[str, dict[str, int]]:
@@ -214,6 +215,28 @@ def test_imports_run_down_the_layers_and_never_in_a_cycle():
     assert not upward_imports(imports), "\n".join(upward_imports(imports))
     assert find_cycle(unit_graph(imports)) is None, f"import cycle between folders: {find_cycle(unit_graph(imports))}"
     assert find_cycle(imports) is None, f"import cycle between files: {find_cycle(imports)}"
+
+
+def test_only_the_command_line_imports_a_command_and_no_command_another():
+    """A command module declares its options and calls the library: only ``captioner.cli`` imports the command
+    modules, a command module imports no other one (their shared ``options`` aside), and the scripts, benchmarks,
+    tests and notebooks reach the library, not ``captioner.commands``."""
+    imports = package_imports()
+    commands = {m for m in imports if m.startswith("captioner.commands.") and m != "captioner.commands.options"}
+    importers = {name: sorted(commands & set(targets)) for name, targets in imports.items()}
+    assert {name for name, found in importers.items() if found} <= {"captioner.cli"}, importers
+    outside = [f"{path.relative_to(ROOT)}:{number}" for folder in ("scripts", "benchmarks", "tests", "notebooks")
+               for path in sorted((ROOT / folder).rglob("*")) if path.suffix in (".py", ".ipynb")
+               and path.name != "test_architecture.py"
+               for number, line in enumerate(path.read_text().splitlines(), 1) if "captioner.commands" in line]
+    assert outside == []
+
+
+def test_no_script_or_benchmark_edits_sys_path():
+    edits = [f"{path.relative_to(ROOT)}:{number}" for folder in ("scripts", "benchmarks")
+             for path in sorted((ROOT / folder).glob("*.py"))
+             for number, line in enumerate(path.read_text().splitlines(), 1) if re.search(r"sys\.path\b", line)]
+    assert edits == []
 
 
 def test_the_layer_test_sees_every_import_and_fails_on_a_cycle_or_an_import_back_up(tmp_path):

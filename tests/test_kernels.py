@@ -1,6 +1,8 @@
 """The fused kernels of captioner.kernels against their plain PyTorch versions: the same values and gradients,
 kernel by kernel and through a whole decoder's training step; and the switch between them."""
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -226,3 +228,10 @@ def test_the_comparison_fails_when_a_fused_kernel_is_wrong(sabotage, monkeypatch
     with kernels.fused(False):
         plain, _ = training_step(decoder, features, LossConfig(doubly_stochastic=1.0))
     assert worst(fused, plain) > 1e-3
+
+
+def test_the_model_and_loss_files_hold_no_kernel():
+    """The paper's maths and the speed work apart: no hand-written backward pass where the equations are."""
+    root = Path(__file__).resolve().parent.parent / "captioner"
+    for name in ("models/lstm_decoder.py", "models/attention.py", "objectives/losses.py"):
+        assert "autograd.Function" not in (root / name).read_text(), name

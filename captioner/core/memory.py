@@ -11,11 +11,10 @@ M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4   # glibc mallopt parameters (malloc.h)
 def keep_freed_memory() -> bool:
     """Make glibc keep freed memory for reuse instead of handing it back to the system at every free.
 
-    By default glibc serves allocations above a threshold (at most 32 MB) with fresh ``mmap`` calls and returns
-    them with ``munmap``: a decoding step's large tensors (B * k hypotheses x L regions x A) then cost page
-    faults at every step, and a fresh process decodes ~40 % slower than one that has warmed up. With mmap off
-    and the heap never trimmed, freed blocks are reused. Called when a command starts; a no-op returning False
-    where the C library is not glibc."""
+    Turns glibc's ``mmap`` for large allocations off and never trims the heap, so that a decoding step's large
+    tensors (B * k hypotheses x L regions x A) reuse freed blocks instead of costing fresh page faults at every
+    step. Called when a command starts; returns whether both settings took, False where the C library is not
+    glibc."""
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         mallopt = libc.mallopt

@@ -1,32 +1,20 @@
 """MS-COCO from an empty folder to the files ``configs/coco_*.yaml`` read (``captioner data coco``).
 
-Steps, in this order; each is skipped when its result is already in place, so a second run downloads
-nothing and only verifies:
+Steps, in this order, each skipped when its result is already in place (a second run downloads nothing and
+only verifies):
 
-1. Disk check, before the first byte: the zips still to download and their unpacked size, at the peak of
-   the steps run one after the other (each zip is deleted once unpacked unless ``keep_zips``), against
-   ``shutil.disk_usage(root).free``. Sizes come from :data:`ARCHIVES` (a zip already downloaded counts at
-   its real unpacked size); no request is made before the check.
-2. The Karpathy split (``split="karpathy"``): ``--karpathy-file``, then ``ROOT/dataset_coco_karpathy.json``,
-   then :data:`KARPATHY_SOURCES` in order, each accepted only when :func:`check_karpathy` passes its
-   content. Kept as ``ROOT/dataset_coco_karpathy.json`` (the Karpathy format; converted for BLIP files).
-3. The official zips (annotations, val, train) of the year: downloaded resumably into ``ROOT/downloads``
-   (:func:`captioner.data.download.download`), the ``.jpg`` count of the zip checked, unpacked into a
-   temporary folder with every member's CRC checked as it is read, counted again, then renamed into
-   place, so an interrupted unpack never looks finished. A damaged zip is deleted and downloaded once
-   more; damaged again, it is an error naming it. A folder already holding the expected number of
-   images (unpacked by hand) is accepted with no zip.
-4. The files the configs read, in ROOT whatever the year::
+1. Disk check against ``shutil.disk_usage(root).free`` before any request, sizes from :data:`ARCHIVES` (each zip
+   is deleted once unpacked unless ``keep_zips``).
+2. The Karpathy split (``split="karpathy"``): ``--karpathy-file``, ``ROOT/dataset_coco_karpathy.json``, then
+   :data:`KARPATHY_SOURCES` in order, each accepted only when :func:`check_karpathy` passes it.
+3. The official zips of the year, downloaded resumably (:func:`captioner.data.download.download`), checked and
+   unpacked into a temporary folder renamed into place, so an interrupted unpack never looks finished. A damaged
+   zip is downloaded once more, then is an error.
+4. ``dataset_coco.json``, ``instances_valtest.json``, ``vocab.json`` and ``coco_setup.json`` (with digests) in
+   ROOT, rewritten only when their inputs changed.
 
-       dataset_coco.json        the split in the Karpathy reader's format, paths of the year's folders
-       instances_valtest.json   COCO instances of the val and test images (attention grounding)
-       vocab.json               vocabulary of the train split (min count 5, as configs/coco_soft.yaml)
-       coco_setup.json          year, split, counts per split, sources, date, digests of inputs and outputs
-
-   They are written again only when their inputs or settings changed (the digests in ``coco_setup.json``).
-
-``split="official"`` (2017 only) needs no Karpathy file: train = train2017 less :data:`HELD_OUT` images drawn
-with a fixed seed from its sorted ids, val = those, test = val2017.
+``split="official"`` (2017 only) needs no Karpathy file: val is :data:`HELD_OUT` train2017 images drawn with a
+fixed seed, test is val2017.
 """
 
 from __future__ import annotations

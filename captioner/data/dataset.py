@@ -144,16 +144,10 @@ def make_dataset(data: DataConfig, records: Sequence[ImageRecord], vocab: Vocabu
 class EpochSampler(Sampler[int]):
     """A fresh permutation per epoch from ``(seed, epoch)``, split across ranks, resumable mid-epoch.
 
-    The order depends only on the seed and epoch, never on global random state, so a run resumed at
-    ``(epoch, start)`` sees exactly the items an uninterrupted run would. With ``world_size > 1`` the
-    permutation is padded to a multiple of the world size and rank ``r`` takes every ``world_size``-th
-    item from position ``r`` (each rank the same number of items, as DistributedSampler does), so the
-    ranks' ``k``-th batches of ``b`` items together hold the ``k``-th global batch of ``b * world_size``.
-
-    With ``lengths`` (one caption length per item) and ``bucket_batch`` (the global batch size), items
-    are bucketed by length: the permutation is cut into windows of 50 global batches, each window is
-    sorted by length and cut into global batches, and the batches of a window are shuffled. Batches then
-    hold captions of similar length (less padding) while the epoch order stays random.
+    The order depends only on the seed and epoch, so a run resumed at ``(epoch, start)`` sees the items an
+    uninterrupted run would. Rank ``r`` takes every ``world_size``-th item from ``r`` (the permutation padded to
+    a multiple of ``world_size``). With ``lengths`` (per item) and ``bucket_batch`` (the global batch size), each
+    window of :attr:`BUCKET_WINDOW` global batches is sorted by length and its batches shuffled (less padding).
     """
 
     BUCKET_WINDOW = 50

@@ -1,18 +1,14 @@
 """Load any image file as a fully decoded RGB :class:`PIL.Image.Image`, or fail with one clear line.
 
-:func:`load_image` turns every way a file can be unusable (missing, empty, not an image, truncated,
-corrupt, too large) into an :class:`~captioner.errors.ImageError` whose message starts with the path.
-It reads the bytes of a file received some other way (an upload) with the same checks;
-:func:`load_image_reduced` decodes a large image only as large as its caller needs (a server's bounded memory).
-Images it accepts come back in mode ``"RGB"``, rotated as their EXIF orientation tag says, with
-transparent pixels composited on white and high bit depth data (16-bit, 32-bit int, float) scaled
-to 8 bits. :func:`image_transform` turns them into the tensors an encoder reads.
+:func:`load_image` turns every way a file (or the bytes of an upload) can be unusable (missing, empty, not an
+image, truncated, corrupt, too large) into an :class:`~captioner.errors.ImageError` whose message starts with the
+path; :func:`load_image_reduced` decodes a large image only as large as its caller needs. Images come back in mode
+``"RGB"``, rotated as their EXIF orientation says, transparency composited on white, high bit depth scaled to 8
+bits. :func:`image_transform` turns them into the tensors an encoder reads.
 
-PIL's process-wide settings are left as the caller set them. Two are overridden for the duration of
-one call, under a lock, and only when they would get in the way: ``Image.MAX_IMAGE_PIXELS`` is raised
-to ``max_pixels`` when the caller asks for a larger limit than PIL's own, and
-``ImageFile.LOAD_TRUNCATED_IMAGES`` is switched off when something else switched it on (a truncated
-file must raise, not come back padded with grey).
+PIL's process-wide settings are left as the caller set them, except during one call, under a lock:
+``Image.MAX_IMAGE_PIXELS`` is raised to a larger ``max_pixels``, and ``ImageFile.LOAD_TRUNCATED_IMAGES`` is
+switched off (a truncated file must raise, not come back padded with grey).
 """
 
 from __future__ import annotations
@@ -48,22 +44,12 @@ _RAISE_LIMIT = "raise the limit with --max-pixels N (caption, attend, serve) or 
 
 def load_image(source: str | os.PathLike[str] | bytes | BinaryIO, *, max_pixels: int = DEFAULT_MAX_PIXELS,
                name: str | None = None) -> Image.Image:
-    """Read and fully decode the image at ``source``; return it in mode ``"RGB"``.
+    """Read and fully decode the image at ``source`` and return it as a new RGB image, sized after EXIF orientation.
 
-    Args:
-        source: the image file (any format PIL reads; only the first frame of animations is used), or
-            the whole content of one as ``bytes`` or an open binary file (an uploaded file).
-        max_pixels: refuse images whose ``width * height`` exceeds this, judged from the header
-            before any pixel data is decoded (decompression bomb protection).
-        name: how messages name the image (default: the path; ``"<bytes>"`` for bytes).
-
-    Returns:
-        A new RGB image, independent of the file (which is closed), of size ``(width, height)``
-        after EXIF orientation: orientations 5-8 swap width and height.
-
-    Raises:
-        ImageError: ``"<name>: <reason>"`` when the file is missing, empty, not an image, truncated
-            or corrupt, or larger than ``max_pixels``.
+    ``source`` is a file PIL reads (an animation's first frame), or its content as ``bytes`` or an open binary
+    file; ``max_pixels`` the largest ``width * height`` accepted, checked before decoding; ``name`` how messages
+    name the image (default: the path). Raises :class:`~captioner.errors.ImageError` ``"<name>: <reason>"`` for a
+    missing, empty, truncated, corrupt or oversized file, or one that is not an image.
     """
     return _load(source, max_pixels, name, None)[0]
 
@@ -72,11 +58,10 @@ def load_image_reduced(source: str | os.PathLike[str] | bytes | BinaryIO, min_si
                        max_pixels: int = DEFAULT_MAX_PIXELS, name: str | None = None
                        ) -> tuple[Image.Image, tuple[int, int]]:
     """:func:`load_image` for a caller that needs no more than ``min_side`` pixels on each side: a larger image
-    is decoded smaller, by the largest integer factor that keeps both its sides at least ``min_side``; JPEG in
-    its decoder (draft mode: 1/2, 1/4 or 1/8 of the size), then any format by averaging blocks of pixels
-    (PIL's ``reduce``) right after decoding, before any conversion, so that no copy of the image is ever made
-    at full size (palette, bilevel and 16-bit images are widened once to a mode that averages). Returns the
-    image and the file's own ``(width, height)`` after EXIF orientation."""
+    is decoded smaller, by the largest integer factor that keeps both its sides at least ``min_side`` (JPEG in
+    its decoder, any format by averaging blocks right after decoding), so that no copy is made at full size.
+    Returns the image and the file's own ``(width, height)`` after EXIF orientation; ``ValueError`` for a
+    ``min_side`` below 1."""
     if min_side < 1:
         raise ValueError(f"min_side must be at least 1, got {min_side}")
     return _load(source, max_pixels, name, min_side)
@@ -152,8 +137,8 @@ def to_rgb(image: Image.Image) -> Image.Image:
 def _high_bit_depth_to_l(image: Image.Image) -> Image.Image:
     """Scale a single-band ``"I;16*"``, ``"I"`` or ``"F"`` image to an 8-bit ``"L"`` image.
 
-    * ``"I;16"``, ``"I;16B"``, ``"I;16L"`` and ``"I"`` with values in 0..65535 (how PIL opens 16-bit
-      PNG and TIFF files): ``v / 257``, so 0 -> 0 and 65535 -> 255.
+    * ``"I;16"``, ``"I;16B"``, ``"I;16L"`` and ``"I"`` with values in 0..65535: ``v / 257``, so 0 -> 0 and
+      65535 -> 255.
     * ``"F"`` with values in [0, 1]: ``v * 255``; with values in [0, 255]: unchanged.
     * Anything else (negative values, larger ranges): stretched linearly from its min..max to 0..255.
       NaN counts as 0 and infinities as the largest finite values.

@@ -1,33 +1,18 @@
 """The embedded default dataset: synthetic scenes of coloured shapes with spatial-relation captions.
 
-:func:`generate_shapes` writes real PNG files and COCO-format annotations, so the whole pipeline
-(readers, pycocotools, caption metrics, the shapes measures) runs on it unchanged::
+:func:`generate_shapes` writes real PNG files and COCO-format annotations, so the whole pipeline runs on it
+unchanged::
 
     out_dir/images/{train,val,test}/{image_id:06d}.png
     out_dir/annotations/captions_{split}.json     COCO captions: five per image
     out_dir/annotations/instances_{split}.json    COCO instances: category (the shape word), bbox,
                                                    polygon, plus "colour" and "size" per object
 
-A scene holds 1-3 objects, each a shape (:data:`SHAPES`) in a saturated colour (:data:`COLOURS`) at one
-of two clearly distinct sizes (:data:`SIZES`), never two of the same colour and shape, never touching,
-on a noisy, textured background with occasional distractors (thin grey lines, small dark specks).
-
-Captions follow a small grammar that :mod:`captioner.evaluation.shapes_metrics` parses back::
-
-    mention  := article [size] colour shape            "a small red circle", "an orange cross"
-    article  := "a" | "an" | "the"
-    relation := "to the left of" | "to the right of" | "above" | "below"
-    clause   := mention [relation mention]
-    caption  := ["there is"] clause (" and " clause)*
-
-"the" marks an object already named earlier in the same caption; "an" comes before a vowel. Every
-caption names every object; with two or more objects the captions state relations, so a model must see
-where things are, not only what is there. A relation is stated only when it is unambiguous
-(:func:`is_unambiguous`); its direction is that along the axis of larger separation between the two
-bounding-box centres (:func:`relation_of`; image y points down, so "above" means a smaller centre y).
-
-Output is deterministic for a seed and independent of processing order: each image draws its layout
-and captions from a generator seeded by ``(seed, image_id, 0)`` and its pixels from ``(seed, image_id, 1)``.
+A scene holds 1-3 objects (:data:`SHAPES`, :data:`COLOURS`, :data:`SIZES`), no two of the same colour and
+shape, none touching, on a noisy background. Captions ("a small red circle to the left of an orange cross")
+follow a small grammar that :mod:`captioner.evaluation.shapes_metrics` parses back: they name every object and
+state a relation only where it is unambiguous (:func:`is_unambiguous`), along the axis of larger separation
+(:func:`relation_of`; image y points down). Output is deterministic for a seed, whatever the processing order.
 """
 
 from __future__ import annotations
@@ -239,10 +224,9 @@ def _render_caption(objects: list[SceneObject], clauses: list[tuple[int, int | N
 def caption_variants(objects: list[SceneObject], image_size: int) -> list[str]:
     """Every distinct caption the grammar allows for ``objects`` under the generator's choices.
 
-    Choices: which related pairs to state, each clause's direction ("A left of B" or "B right of A"),
-    the clause order, size words on or off, and "there is". The stated pairs are any that link every
-    object (one pair per object beyond the first); when the related pairs cannot link them all (a lone
-    object, or one related to nothing), every related pair is stated and the rest are bare mentions.
+    Choices: which related pairs to state (any that link every object; where none can, every related pair
+    and bare mentions of the rest), each clause's direction ("A left of B" or "B right of A"), the clause
+    order, size words on or off, and "there is".
     """
     pairs = related_pairs(objects, image_size)
     everyone = set(range(len(objects)))
@@ -481,22 +465,12 @@ def _write_annotations(folder: Path, info: dict, categories: list[dict], tables:
 def generate_shapes(out_dir: str | Path, *, seed: int = 0, num_images: int = 3000, image_size: int = 128,
                     split_fractions: tuple[float, float, float] = (0.8, 0.1, 0.1), workers: int | None = None,
                     replace: bool = False) -> dict:
-    """Write the shapes dataset into ``out_dir`` (layout in the module docstring).
+    """Write the shapes dataset into ``out_dir`` (layout in the module docstring); return a summary of it.
 
-    ``out_dir`` must be missing, empty, or hold an earlier shapes dataset and nothing else; the earlier
-    dataset's files are deleted first, so that old and new images never mix. ``replace``: ``out_dir`` may hold
-    other files too (they stay); the files in it named as this function's output are deleted first, whoever
-    wrote them (for a caller that knows them to be its own shapes data, as the demo does).
-
-    Image ids run from 1 to ``num_images``; the first ``split_fractions[0]`` of them are train, then
-    val, then test. Annotation files are written with sorted keys and no timestamps, so the same
-    arguments give byte-identical files (images too), whatever the number of ``workers`` (threads that
-    sample, draw and save the images; default: one more than the usable CPU cores).
-
-    Returns a summary: ``{"out", "images", "seed", "image_size", "objects_per_image": {n: images},
-    "splits": {split: {"images": count, "captions": path, "instances": path}}}``.
-    Raises :class:`CaptionerError` for bad arguments (a split left without images among them), an ``out_dir``
-    holding other files (before anything is written) or an unwritable ``out_dir``.
+    ``out_dir`` must be missing, empty or hold only an earlier shapes dataset, which is deleted first; with
+    ``replace`` other files may stay, and only files named as this output are deleted. The same arguments give
+    byte-identical files whatever the number of ``workers`` (threads). Raises :class:`CaptionerError` for bad
+    arguments, an ``out_dir`` holding other files (before anything is written) or an unwritable one.
     """
     _check_arguments(seed, num_images, image_size, tuple(split_fractions), workers)
     out_dir = Path(out_dir)

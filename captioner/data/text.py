@@ -1,33 +1,16 @@
 """The tokeniser: captions to word tokens the way the COCO caption evaluation splits them, with no downloaded data.
 
-:func:`tokenize` is a pure-Python copy of ``pycocoevalcap``'s tokenization: Stanford CoreNLP 3.4.1's
-``PTBTokenizer -preserveLines -lowerCase`` followed by the removal of the tokens in ``pycocoevalcap``'s
-punctuation list (:data:`PUNCTUATION`). It is nltk's :class:`~nltk.tokenize.TreebankWordTokenizer` (regular
-expressions only, nothing to download) run on each whitespace-separated chunk, plus the rules by which the
-Java tokenizer differs from it. The vocabulary, the validation score during training and the scores computed
-without Java all split captions with it.
+:func:`tokenize` is a pure-Python copy of ``pycocoevalcap``'s tokenization (Stanford CoreNLP 3.4.1's
+``PTBTokenizer -preserveLines -lowerCase``, then the removal of :data:`PUNCTUATION`): nltk's
+:class:`~nltk.tokenize.TreebankWordTokenizer` on each whitespace-separated chunk, plus the rules by which the Java
+tokenizer differs from it (brackets kept as ``-lrb-``, ``-rrb-``...; the period of :data:`ABBREVIATIONS` kept;
+quotes, clitics, ``&``, ``@``, ``#``, hyphens, ellipses and curly quotes as Java treats them). The vocabulary, the
+validation score and the scores computed without Java all split captions with it.
 
-The rules added to nltk's:
-
-* brackets become ``-lrb-``, ``-rrb-``, ``-lsb-``, ``-rsb-``, ``-lcb-``, ``-rcb-`` and are kept (the
-  punctuation list names them in upper case, so they survive the lower-casing, as in ``pycocoevalcap``);
-* a period ends a word unless the word is an abbreviation (:data:`ABBREVIATIONS`, single letters such as
-  ``"letter a."``, dotted ones such as ``"u.s."``); two or more periods and ``…`` are an ellipsis;
-* a quote at the start of a word is split off unless it begins a clitic (``'s``, ``'re``, ``'em``, ``'n'``,
-  ``'90s``...): ``"slip n 'slide"`` -> ``slip n slide``; a lone backquote is a quote;
-* ``&``, ``@`` and ``#`` split words except in ``AT&T``-style names, ``@home``, e-mail addresses and
-  ``#hashtag``; ``&amp;``-style entities are decoded; ``*``, ``+``, ``=``, ``~``, ``^`` and ``|`` are tokens;
-* runs of ``!`` and ``?`` (``"what?!"``) are one token, which the punctuation list does not remove;
-* a hyphen at the start of a word (not a number) or at its end is split off: ``"x- y"`` -> ``x y``;
-* curly quotes, dashes, ``½``, ``£`` and ``€`` are read as Stanford's normalisation maps them.
-
-Measured against the Java tokenizer (``tests/test_ptb_tokenizer.py``): the same tokens for all 15,000 shapes demo
-captions (plain lower-case words, so the shapes vocabulary is what a whitespace split gives), all 4,000
-Flickr8k-800 and all 400 coco-mini captions. The differences that remain are Java special cases, rare in
-captions: ``y'all`` -> ``y' all``, ``ol'`` and ``d'ye`` kept whole, an apostrophe inside a word split
-(``x'y`` -> ``x y``, while ``o'clock`` stays), ``5'10`` -> ``5 '10``, currency signs other than ``$ £ € ¢``
-(``¥5`` -> ``¥ 5``), an abbreviation glued to a number (``No.5`` -> ``no. 5``) or followed by more periods
-(``st..`` -> ``st.``), and abbreviations that are not in :data:`ABBREVIATIONS` (Java's list is longer).
+``tests/test_ptb_tokenizer.py`` compares it with the Java tokenizer. The differences that remain are Java special
+cases rare in captions: some apostrophes inside words (``y'all``, ``5'10``), currency signs other than
+``$ £ € ¢``, an abbreviation glued to a number or followed by more periods, and abbreviations that are not in
+:data:`ABBREVIATIONS`.
 """
 
 from __future__ import annotations
@@ -108,8 +91,8 @@ def _chunk_tokens(chunk: str, before_number: bool) -> tuple[str, ...]:
 
 @lru_cache(maxsize=1)
 def _treebank():
-    """nltk's Treebank tokenizer, imported at the first caption tokenized: importing nltk takes 0.7 s (scipy.stats
-    with it), which commands that never tokenize (caption, serve, export, config) do not pay."""
+    """nltk's Treebank tokenizer, imported at the first caption tokenized: importing nltk (scipy.stats with it) is
+    slow, and commands that never tokenize (caption, serve, export, config) do not pay for it."""
     from nltk.tokenize import TreebankWordTokenizer
     return TreebankWordTokenizer()
 

@@ -170,15 +170,13 @@ def _generations(tokens: torch.Tensor, log_probs: torch.Tensor, attention: dict[
 
 @dataclass
 class SampledCaptions:
-    """Captions drawn word by word, ``samples`` per image: N = B * samples rows, image b's in rows
-    ``b * samples`` to ``b * samples + samples - 1``.
+    """Captions drawn word by word, ``samples`` per image: N = B * samples rows, image by image.
 
-    ``tokens`` (N, T) the drawn words, ``<end>`` included where drawn, ``<pad>`` after it; ``mask`` (N, T) true at
-    the drawn positions (``<end>`` included); ``log_probs`` (N, T) the log-probability of each drawn word under
-    the distribution it was drawn from (after the temperature, before top-k/top-p), 0 after ``<end>``, with its
-    gradient when grad mode is on; ``model_log_probs`` (N, T) the same under the model itself (temperature 1),
-    detached; ``entropy`` (N, T) the entropy of the distribution each word was drawn from, detached, 0 after
-    ``<end>``; ``attention`` name -> (N, T, L)."""
+    ``tokens`` (N, T) the drawn words, ``<pad>`` after ``<end>``; ``mask`` (N, T) true where drawn (``<end>``
+    included); ``log_probs`` (N, T) under the distribution drawn from (after the temperature, before
+    top-k/top-p), with gradient in grad mode; ``model_log_probs`` (N, T) under the model, detached; ``entropy``
+    (N, T) of each drawing distribution, detached; ``attention`` name -> (N, T, L). All but ``tokens`` are 0
+    after ``<end>``."""
 
     tokens: torch.Tensor
     mask: torch.Tensor
@@ -304,20 +302,13 @@ def _extend_history(history: dict[str, torch.Tensor], attention: dict[str, torch
 @torch.inference_mode()
 def beam_search(decoder, regions: torch.Tensor, *, beam: int, max_length: int, rules: TokenRules,
                 length_penalty: float = 0.0, groups: int = 1, diversity: float = 0.0, n_best: int = 1) -> list[Generation]:
-    """Batched beam search over all images at once: ``regions`` (B, L, D) -> B generations.
+    """Batched beam search: ``regions`` (B, L, D) -> B generations; ``beam=1`` is greedy decoding.
 
-    The B * k hypotheses advance together in one ``step`` call per word. A hypothesis that emitted ``<end>`` is
-    finished: it keeps its score and competes with the live ones until all k hypotheses of its image have
-    finished, or ``max_length`` words. An image whose hypotheses have all finished leaves the batch (its answer
-    is final), so that the steps left run on the other images alone. Each image's answer is its best hypothesis by
-    ``log_prob / length**length_penalty``; with ``n_best > 1`` its ``beams`` hold the n best. With ``beam=1``
-    this is greedy decoding.
-
-    Diverse beam search (Vijayakumar et al. 2018): the k beams form ``groups`` groups of k / groups beams that
-    each search on their own; at every step group g chooses after groups 0..g-1, its live hypotheses'
-    candidates lowered by ``diversity`` for each earlier group's live hypothesis that chose the same word at this
-    step (Hamming diversity). The penalty only steers the choice: scores stay log-probabilities. One group is
-    plain beam search.
+    The B * k hypotheses advance together; a finished one keeps its score, and an image leaves the batch once
+    all its k have finished. Each answer is the best by
+    ``log_prob / length**length_penalty``, its ``beams`` the ``n_best`` best. With ``groups > 1``, diverse beam
+    search (Vijayakumar et al. 2018): a word an earlier group chose at this step is lowered by ``diversity``;
+    scores stay log-probabilities.
     """
     batch, k, device = regions.shape[0], beam, regions.device
     size = k // groups                                             # beams per group

@@ -1,28 +1,15 @@
 """Corpus-level caption metrics (BLEU-1..4, METEOR, ROUGE-L, CIDEr, optionally SPICE) and COCO results files.
 
-The scores are those of the COCO caption evaluation code (the ``pycocoevalcap`` package): captions
-are tokenized by its Stanford PTB tokenizer (lower-cased, punctuation dropped), then scored by its
-``Bleu(4)``, ``Meteor``, ``Rouge`` and ``Cider`` scorers. Two Java programs run as subprocesses, both
-shipped inside the ``pycocoevalcap`` wheel, so nothing is downloaded:
+The scores are those of the COCO caption evaluation code (``pycocoevalcap``): captions tokenized by its Stanford
+PTB tokenizer, then scored by its ``Bleu(4)``, ``Meteor``, ``Rouge`` and ``Cider`` scorers. Both Java programs
+ship inside the ``pycocoevalcap`` wheel, so nothing is downloaded: the tokenizer is fed through a pipe (its own
+temporary file next to the jar fails where site-packages is read-only); METEOR 1.5 is slow to start, so its
+process is kept between scores (:class:`_KeptMeteor`, :func:`meteor_kept`) and closed after
+:data:`METEOR_KEEP_ALIVE_S` seconds idle, at exit and after a failure.
 
-* the tokenizer (``tokenizer/stanford-corenlp-3.4.1.jar``), run here with the same class, flags and
-  punctuation list as ``pycocoevalcap.tokenizer.ptbtokenizer.PTBTokenizer``, but fed through a pipe
-  instead of a temporary file written next to the jar (which fails when site-packages is read-only);
-* METEOR 1.5 (``meteor/meteor-1.5.jar`` with its English paraphrase table), through
-  ``pycocoevalcap``'s own client. Its Java process takes 9-12 s of a core to start (the paraphrase table; ~1 GB
-  resident; Intel Xeon, OpenJDK 17) and about 1 s to score a test split of 300 images, so one process is kept
-  between scores (:class:`_KeptMeteor`): a command that scores several runs (the demo, ``evaluate`` of several
-  checkpoints) starts it once, and starts it as it begins (:func:`meteor_kept`), so that it loads while the
-  captions are decoded; it is closed after :data:`METEOR_KEEP_ALIVE_S` seconds without a score or an open
-  scope, at exit, and after a failure.
-
-Without ``java`` on PATH the captions are tokenized by :func:`captioner.data.text.tokenize`, the same
-tokenizer in pure Python (it gives the Java tokens on the shapes, Flickr8k and COCO captions), so BLEU,
-ROUGE-L and CIDEr are the same; METEOR and SPICE are then left out, said in one warning line.
-
-SPICE needs the Stanford CoreNLP 3.6.0 jars, which ``pycocoevalcap`` downloads on first use. This
-module never downloads them: when they are absent (or SPICE fails) SPICE is skipped with a warning
-in the log.
+Without ``java`` on PATH the captions are tokenized by :func:`captioner.data.text.tokenize`, so BLEU, ROUGE-L
+and CIDEr are the same; METEOR and SPICE are left out with one warning line. SPICE needs the Stanford CoreNLP
+3.6.0 jars, which this module never downloads; without them it is skipped with a warning.
 """
 
 from __future__ import annotations
@@ -68,26 +55,14 @@ METEOR_KEEP_ALIVE_S = 30.0
 
 def score_captions(references: Mapping[int, list[str]], candidates: Mapping[int, str], *,
                    spice: bool = False, java: bool = True) -> dict[str, float]:
-    """Corpus-level scores of ``candidates`` against ``references``, COCO caption evaluation style.
+    """Corpus-level scores of ``candidates`` against ``references`` (image id -> plain text), COCO style.
 
-    Args:
-        references: image id -> its reference captions (plain text, at least one per candidate image).
-            Images without a candidate are ignored.
-        candidates: image id -> the generated caption (plain text). ``<start>``, ``<end>`` and
-            ``<pad>`` tokens are removed from both candidates and references before scoring.
-        spice: also compute SPICE when its Stanford CoreNLP jars are installed; otherwise log why not.
-        java: ``False`` for a quick in-process score during training: no Java is started, captions are
-            split by :func:`captioner.data.text.tokenize` (the PTB tokenizer in Python) and METEOR and
-            SPICE are left out. With ``True`` (reported results) but no ``java`` on PATH, the same
-            happens, with one warning line saying METEOR (and SPICE) were skipped.
+    Every candidate image needs a reference; ``<start>``, ``<end>`` and ``<pad>`` are removed.
+    ``spice``: also SPICE where its jars are installed. ``java=False`` (a quick score during training), or no
+    ``java`` on PATH (with a warning), tokenizes in Python and leaves METEOR and SPICE out.
 
-    Returns:
-        ``{"BLEU-1": .., "BLEU-2": .., "BLEU-3": .., "BLEU-4": .., "METEOR": .., "ROUGE-L": .., "CIDEr": ..}``
-        (plus ``"SPICE"``; without Java no ``"METEOR"``), each a float; all but CIDEr lie in [0, 1].
-
-    Raises:
-        ValueError: no candidates, or a candidate image without references.
-        CaptionerError: one of the Java programs failed.
+    Returns :data:`METRICS` -> float, all but CIDEr in [0, 1]. Raises ``ValueError`` for no candidates or one
+    without references, :class:`CaptionerError` when Java fails.
     """
     image_ids = sorted(candidates)
     if not image_ids:
@@ -207,11 +182,10 @@ class _MeteorProcess(meteor_module.Meteor):
 
 
 class _KeptMeteor:
-    """This process's METEOR Java process, started at the first score (or ahead of it, by :meth:`held`) and kept for
-    the next while scores come within :data:`METEOR_KEEP_ALIVE_S` seconds of one another, or while a :meth:`held`
-    scope is open; closed after that idle time (a timer thread), at exit, and when a score fails. A kept process that
-    fails is replaced by a fresh one, which tries once more; a forked child never touches its parent's process (it
-    starts its own). Scores are taken one at a time."""
+    """This process's METEOR Java process, started at the first score (or ahead of it, by :meth:`held`) and kept
+    while scores come within :data:`METEOR_KEEP_ALIVE_S` seconds of one another or a :meth:`held` scope is open;
+    closed after that, at exit, and when a score fails (a fresh one then tries once more). A forked child starts
+    its own. Scores are taken one at a time."""
 
     def __init__(self):
         self._reset()

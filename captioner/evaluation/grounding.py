@@ -1,30 +1,15 @@
 """Attention grounding: does the model look at the object it names?
 
-Every generated word that names an object present in the image (a :class:`Target`) is judged on the
-attention map of the step that emitted it:
+Every generated word that names an object in the image (a :class:`Target`) is judged on the attention map of
+the step that emitted it: on the shapes data, a mention naming exactly one object (its box); on COCO, a word
+or phrase of :data:`captioner.evaluation.coco_words.CATEGORY_WORDS` (the category's instance masks, or boxes).
 
-* on the shapes data, a shape word whose mention (colour and shape) names exactly one object of the
-  image; the object is its exact box;
-* on COCO, a word or two-word phrase of a category's synonym table
-  (:data:`captioner.evaluation.coco_words.CATEGORY_WORDS`, plurals included); the object is the union
-  of that category's instance masks in the image (pycocotools), or of their boxes where a file has no
-  segmentation. Phrases are judged at their last word ("traffic light" at "light").
-
-Measures, per word, per category and overall:
-
-* **pointing accuracy** (the pointing game): the map's maximum falls on the object (ties between equal
-  peaks are broken at random, in expectation, so a flat map scores the uniform baseline). The encoder sees the
-  whole image resized, so grid cell ``(r, c)`` of a ``gh x gw`` grid covers the image rectangle
-  ``[c W/gw, (c+1) W/gw) x [r H/gh, (r+1) H/gh)``. Upsampled bilinearly, a map peaks at the centre of its
-  largest cell; the point counts as on the object when the peak cell overlaps the object (for a box: the
-  point lies within the box widened by half a cell on every side), the tolerance a grid this coarse allows;
-* **attention inside**: ``sum_i alpha_i * (fraction of cell i covered by the object)``.
-
-Two baselines get the same rules: **uniform** attention (pointing = the chance that a random cell
-overlaps the object, inside = the object's share of the image) and a **centre** guess (a point at the
-image centre). Hard attention is judged on its chosen locations (map ``"chosen"``), the other decoders on
-``"alpha"`` (the Transformer's head-averaged cross-attention). Words naming nothing in the image, or a
-shapes object that appears twice, are not counted.
+Measures, per word, per category and overall: **pointing accuracy** (the upsampled map's maximum falls on the
+object, or within half a grid cell of its box; ties are broken at random in expectation, so a flat map scores
+the uniform baseline) and **attention inside** (``sum_i alpha_i * (fraction of cell i covered by the object)``),
+with a **uniform** and a **centre** baseline under the same rules. Hard attention is judged on its chosen
+locations (map ``"chosen"``), the other decoders on ``"alpha"`` (the Transformer's head-averaged
+cross-attention).
 """
 
 from __future__ import annotations
@@ -233,15 +218,13 @@ class _Counts:
 def ground(generations: Mapping[int, Generation] | Iterable[tuple[int, Generation]], vocab,
            targets: ShapesTargets | CocoTargets, image_sizes: Mapping[int, tuple[int, int]],
            grid: tuple[int, int]) -> dict | None:
-    """Grounding of ``generations`` (``{image_id: Generation}``, or ``(image_id, Generation)`` pairs: several
-    captions of an image) against ``targets``, images of ``image_sizes`` ``{image_id: (width, height)}`` seen
+    """Grounding of ``generations`` (``{image_id: Generation}``, or ``(image_id, Generation)`` pairs for several
+    captions per image) against ``targets``, for images of ``image_sizes`` ``{image_id: (width, height)}`` seen
     through a ``grid = (gh, gw)`` of regions.
 
-    Images that the instances file does not hold (a file covering part of the split) are left out and
-    counted in ``images_without_objects``; ``images_grounded`` counts the rest. Returns the overall measures
-    (keys of the module docstring, plus ``words`` counted and ``map`` used) with ``per_word`` and
-    ``per_category`` breakdowns, or None when the decoder reports no attention maps. A split none of whose
-    images is in the file is an error (captions and instances of different splits).
+    Returns the overall measures (those of the module docstring, ``words``, ``map``, ``images_grounded`` and
+    ``images_without_objects``: images the instances file lacks) with ``per_word`` and ``per_category``, or None
+    when the decoder reports no attention maps. Raises :class:`CaptionerError` when no image is in the file.
     """
     total, per_word, per_category = _Counts(), {}, {}
     map_name, absent = None, []

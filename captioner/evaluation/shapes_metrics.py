@@ -1,19 +1,15 @@
 """Two measures for the shapes data that n-gram overlap cannot fake.
 
-* **object precision**: of all objects named in the generated captions (a colour word followed by a
-  shape word), the fraction whose (colour, shape) is in that image;
-* **relation accuracy**: of all spatial relations stated between two named objects that are both in
-  the image, the fraction that are true. The rule is the generator's: the stated direction must be the
-  one along the axis of larger separation between the two bounding-box centres
-  (:func:`captioner.data.shapes.relation_of`). A relation of an object to itself is never true.
+* **object precision**: of all objects named in the generated captions (a colour word followed by a shape
+  word), the fraction whose (colour, shape) is in that image;
+* **relation accuracy**: of all spatial relations stated between two named objects both in the image, the
+  fraction that are true by the generator's rule (:func:`captioner.data.shapes.relation_of`); a relation of an
+  object to itself is never true.
 
-A caption that only copies frequent n-grams ("a red circle to the left of a blue square") scores well
-on BLEU but badly here unless it names what is in the image and where.
-
-Captions are read with the grammar of :mod:`captioner.data.shapes` (:func:`parse_caption`), leniently:
-unknown words, ``<unk>`` and truncated captions are skipped over, never an error. The image objects
-come from the shapes ``instances_*.json`` through :func:`shapes_objects`: per image a list of
-``{"shape", "colour", "size", "bbox"}`` dicts, the shape being the COCO category name.
+Captions are read leniently with the grammar of :mod:`captioner.data.shapes` (:func:`parse_caption`): unknown
+words, ``<unk>`` and truncated captions are skipped over, never an error. The image objects come from the
+shapes ``instances_*.json`` through :func:`shapes_objects`: per image a list of ``{"shape", "colour", "size",
+"bbox"}`` dicts.
 """
 
 from __future__ import annotations

@@ -1,23 +1,17 @@
 """The encoder and the decoder's per-word step as ONNX graphs (``captioner export --onnx``), and the decode-step
-interface over ONNX Runtime, which the one search of :mod:`captioner.decoding.search` drives as it drives a torch
-decoder (``Predictor.load(folder, runtime="onnx")``, ``captioner caption --runtime onnx``).
+interface over ONNX Runtime that :mod:`captioner.decoding.search` drives like a torch decoder.
 
-Three graphs, float32, every batch size dynamic; ``config.json``'s ``onnx`` block names their inputs and outputs::
+Three float32 graphs, batch sizes dynamic, named in ``config.json``'s ``onnx`` block::
 
-    encoder.onnx       images (B, 3, H, W) float32: RGB in [0, 1] at encoder.image_size (resized as captioner does:
-                       antialiased, the encoder's interpolation), normalised inside -> regions (B, L, D)
-    decoder_init.onnx  regions (B, L, D) -> the decode state of B images: state.NAME for each NAME of onnx.state
-    decoder_step.onnx  tokens (N,) int64, the previous words (<start> first), and state.NAME for every entry ->
-                       log_probs (N, V) float32 of the next word, next.NAME for each entry that changes from word
-                       to word (onnx.changing), and the word's attention: alpha (N, L) (hard attention: also
-                       chosen, the one-hot location)
+    encoder.onnx       images (B, 3, H, W): RGB in [0, 1] at encoder.image_size (resized antialiased),
+                       normalised inside -> regions (B, L, D)
+    decoder_init.onnx  regions (B, L, D) -> state.NAME for each NAME of onnx.state
+    decoder_step.onnx  tokens (N,) int64 and every state.NAME -> log_probs (N, V), next.NAME for each entry of
+                       onnx.changing, alpha (N, L) (hard attention: also the one-hot chosen)
 
-The entries of ``onnx.fixed_state`` depend on the image alone and keep one row per image (B rows); the others have
-N = B * k rows, image b's k hypotheses in rows b*k .. b*k+k-1. A beam search reorders or repeats those rows between
-steps (gather along the first dimension) and never touches the fixed ones; a greedy search feeds each step's
-next.NAME back as state.NAME. The Transformer's self-attention caches grow by one position per word (their third
-dimension is dynamic, 0 at the start). The first step's tokens are ``<start>`` (index 1); a search never picks
-``<pad>`` (0) or ``<start>``, nor ``<unk>`` (3) unless ``decode.suppress_unk`` is off, and stops a row at ``<end>`` (2).
+Entries of ``onnx.fixed_state`` keep one row per image; the others have N = B * k rows, image b's in rows
+b*k .. b*k+k-1, which a search reorders and feeds back as state.NAME (the Transformer's caches grow a position
+per word). Tokens: ``<pad>`` 0, ``<start>`` 1 (the first step's), ``<end>`` 2, ``<unk>`` 3.
 """
 
 from __future__ import annotations

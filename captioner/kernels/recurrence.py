@@ -1,17 +1,14 @@
 """The teacher-forced LSTM's packed recurrence: its shrinking prefixes and its weights' gradients.
 
 The decoder packs W words step-major (step t's ``running[t]`` rows, longest caption first) and carries their
-pre-activations in one tensor, the ``carrier`` (W, 4H [+ A] [+ G]): the embedding part of the gates, zeros for the
-attention's query ``W_q h_{t-1}`` and the gate's bias for ``f_beta(h_{t-1})``. Step t adds
-``h_{t-1} [W_h; W_q; W_beta]^T`` and ``z_t W_z^T`` to its slice and reads the first ``running[t]`` rows of the
-per-image tensors (:func:`prefixes`).
+pre-activations in one tensor, the ``carrier`` (W, 4H [+ A] [+ G]); step t adds ``h_{t-1} [W_h; W_q; W_beta]^T``
+and ``z_t W_z^T`` to its slice and reads the first ``running[t]`` rows of the per-image tensors (:func:`prefixes`).
 
 :func:`recurrent_terms` and :func:`prefixes` pick the fused or the plain version
-(:func:`captioner.kernels.fused_enabled`). Plain: the carrier as above and slices, and the steps multiply by the
-weights themselves, so autograd takes T thin products and T accumulations of each full weight. Fused
-(:class:`RecurrentTerms`, :class:`Prefixes`): the steps multiply by *detached* weights and leave ``h_{t-1}`` and
-``z_t`` in the returned :class:`StepRecord`, and the weights' gradients come as one product over all W words; the
-prefixes' gradients are added into one buffer instead of T zero-filled full-size ones.
+(:func:`captioner.kernels.fused_enabled`). The fused ones (:class:`RecurrentTerms`, :class:`Prefixes`) multiply
+by detached weights, keep ``h_{t-1}`` and ``z_t`` in a :class:`StepRecord` and take the weights' gradients as one
+product over all W words, and add the prefixes' gradients into one buffer; the plain ones leave both to autograd
+(T thin products, T full-size accumulations).
 """
 
 from __future__ import annotations

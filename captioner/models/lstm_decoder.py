@@ -2,26 +2,17 @@
 
 Regions ``a`` (B, L, D'); at step t, from the previous word ``y_{t-1}`` and state ``h_{t-1}, c_{t-1}``:
 
-    e_ti = f_att(a_i, h_{t-1}),  alpha_t = softmax_i(e_t)         eq. 4, 5   (captioner.models.attention)
+    e_ti = f_att(a_i, h_{t-1}),  alpha_t = softmax_i(e_t)         eq. 4, 5
     z_t  = beta_t * phi({a_i}, {alpha_ti})                         eq. 6
-           soft: sum_i alpha_ti a_i, the expectation E[z_t]        eq. 13
+           soft: sum_i alpha_ti a_i                                eq. 13
            hard: a_{s_t}, s_t ~ Multinoulli(alpha_t)               eq. 8, 9
-    beta_t = sigmoid(f_beta(h_{t-1}))  (scalar, vector or none)    §4.2.1
+    beta_t = sigmoid(f_beta(h_{t-1}))                              §4.2.1
     i, f, o, g = sigmoid, sigmoid, sigmoid, tanh of W [E y_{t-1}; z_t; h_{t-1}] + b          eq. 1
     c_t = f * c_{t-1} + i * g,  h_t = o * tanh(c_t)                eq. 2, 3
-    p(y_t | a, y_1^{t-1}) ∝ exp(L_o dropout(tanh(E y_{t-1} + L_h h_t + L_z z_t)))   eq. 7, the deep output layer
+    p(y_t | a, y_1^{t-1}) ∝ exp(L_o dropout(tanh(E y_{t-1} + L_h h_t + L_z z_t)))   eq. 7
 
-``h_0, c_0`` are one-layer tanh MLPs of the mean region (§3.1.2). Hard attention in training puts a caption on the
-expectation (``z_t`` as in soft attention) with probability ``expectation_probability``, the paper's variance
-reduction, and draws ``location_samples`` location sequences for each other caption; at inference
-(``hard_decode``) the location is the argmax of ``alpha_t``, a sample, or the expectation itself (the context the
-expectation rows trained on). Its objective is :class:`captioner.objectives.losses.HardAttentionLoss`.
-
-Work that does not depend on the step leaves the loop: ``W_a a_i`` once per image, the embedding part of the gates
-and the whole output layer once per caption. Teacher forcing packs the words step-major, longest caption first,
-and takes the three maps of ``h_{t-1}`` (gates, query, ``f_beta``) in one product per step
-(:mod:`captioner.kernels.recurrence`). The decoder keeps the contract of :mod:`captioner.models.decoder`; its
-``fixed_state`` is ``regions`` and ``keys`` (the projected regions).
+``h_0, c_0`` are tanh MLPs of the mean region (§3.1.2). Hard attention trains with
+:class:`captioner.objectives.losses.HardAttentionLoss` and picks its locations at inference by ``hard_decode``.
 """
 
 from __future__ import annotations
@@ -145,16 +136,13 @@ class LSTMDecoder(nn.Module):
     def context(self, regions: torch.Tensor, keys: torch.Tensor | None, h: torch.Tensor,
                 expectation_rows: torch.Tensor | None = None, query: torch.Tensor | None = None,
                 gate_logit: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, dict]:
-        """Gated context ``z_t`` (N, D'), ``alpha_t`` (N, L) and, for hard attention, the chosen location, for
-        N = B * k hidden states ``h`` (N, H) over B images' ``regions`` (B, L, D') and ``keys`` (B, L, A): each
-        image's k hypotheses sit in adjacent rows (k = 1 in training). ``query`` (the attention's ``W_q h``) and
-        ``gate_logit`` (``f_beta(h)``) are computed from ``h`` unless given.
+        """Gated context ``z_t`` (N, D'), ``alpha_t`` (N, L) and the location terms, for hidden states ``h`` (N, H),
+        N = B * k, over ``regions`` (B, L, D') and ``keys`` (B, L, A). ``query`` and ``gate_logit``: ``W_q h``
+        and ``f_beta(h)``, if at hand.
 
-        Soft: ``z_t = beta * sum_i alpha_ti a_i``. Hard: ``z_t = beta * a_{s_t}`` with ``s_t`` sampled from
-        ``alpha_t`` (training, or ``hard_decode=sample``) or its argmax; rows where ``expectation_rows`` (B,)
-        is true use ``alpha_t`` instead, and so does every row at inference with ``hard_decode=expectation``. The
-        third value holds, where a location is chosen, ``chosen`` (B, L) one-hot, ``log_prob_location`` (B,)
-        ``log alpha_t[s_t]`` and ``entropy`` (B,) of ``alpha_t``.
+        Soft: ``z_t = beta * sum_i alpha_ti a_i``. Hard: ``z_t = beta * a_{s_t}``, ``s_t`` sampled (training,
+        ``hard_decode=sample``) or the argmax, with terms ``chosen`` (B, L), ``log_prob_location``, ``entropy``
+        (B,); ``expectation_rows`` (B,) or ``hard_decode=expectation`` use ``alpha_t`` instead.
         """
         alpha = self.attention(keys, h, regions.shape[1], projected_query=query)      # eq. 4, 5
         location_info: dict[str, torch.Tensor] = {}
@@ -270,7 +258,7 @@ class LSTMDecoder(nn.Module):
         weight = maybe_detached(self.recurrent_gates.weight)
         d = self.context_dim
         hidden = torch.cat([weight[:, d:]] + [maybe_detached(m.weight) for m in self.hidden_maps()]).t()
-        context = weight[:, :d].contiguous().t()          # a contiguous copy: small products ~15 % faster than strided
+        context = weight[:, :d].contiguous().t()          # a contiguous copy: small products run faster than strided
         device = like.device.type
         if torch.is_autocast_enabled(device):
             dtype = torch.get_autocast_dtype(device)

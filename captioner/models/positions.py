@@ -27,10 +27,9 @@ def grid_code(grid: tuple[int, int], dim: int) -> torch.Tensor:
     """A 2-D code ``(L, dim)`` for a ``gh x gw`` grid in row-major order: the row's code in the first half,
     the column's in the second.
 
-    Each half holds sines and cosines of the cell centre's normalised coordinate ``(i + 0.5) / n`` at
-    ``K = dim // 4`` geometric frequencies from ``pi`` up to ``pi * 2^(K-1)``, capped at
-    ``pi * MAX_GRID_FREQUENCY`` (larger codes space their frequencies more finely instead): nearby cells get
-    similar codes, every cell a distinct one, and the code is independent of the grid's size.
+    Each half holds sines and cosines of the cell centre's coordinate ``(i + 0.5) / n`` at ``K = dim // 4``
+    geometric frequencies from ``pi``, at most ``pi * MAX_GRID_FREQUENCY``: nearby cells get similar codes,
+    every cell a distinct one, whatever the grid's size.
     """
     if dim % 4:
         raise ValueError(f"a 2-D position code needs a size that is a multiple of 4, got {dim}")

@@ -1,40 +1,20 @@
 """A Transformer decoder over image regions, a drop-in alternative to the Show, Attend and Tell LSTM.
 
-Words attend to earlier words (masked self-attention) and to the L regions of the image
-(cross-attention); N pre-norm layers of
+Pre-norm layers of
 
     x = x + Dropout(SelfAttention(LayerNorm(x)))           causal, <pad> keys hidden
     x = x + Dropout(CrossAttention(LayerNorm(x), memory))  memory: the projected regions
     x = x + Dropout(FFN(LayerNorm(x)))                     FFN = W_2 Dropout(ReLU(W_1 x))
 
-and a final LayerNorm feed the output layer. Words enter as ``sqrt(d_model) * E y + P_word`` (sinusoidal
-positions); regions as ``memory = LayerNorm(W_r a) + P_region`` with a learned or a 2-D sinusoidal
-position per grid cell (or none: then only what the CNN features themselves carry locates a region). The output layer may share its weight with ``E`` (``tie_embeddings``).
+and a final LayerNorm feed the output layer. Words get sinusoidal positions, regions
+``memory = LayerNorm(W_r a) + P_region``. Teacher forcing runs position-wise parts on real positions only
+(:class:`Packing`). ``alpha`` (rows sum to 1; zero at padding) is the cross-attention of layer
+``attention_layer`` averaged over heads, or of every layer and head (``attention_map``).
 
-Teacher forcing (``forward``) runs every position-wise part (projections, feed-forward, norms, dropout, the output
-layer) on the real positions alone, packed (:class:`Packing`), and only the attentions on the padded layout:
-padding costs no projection (a batch of the shapes demo's captions is about 40 % padding: 1.2x the demo recipe's
-training words/s).
-
-The attention map reported for each word, ``alpha`` (rows sum to 1; zero at padding), is the cross-attention of layer
-``attention_layer`` averaged over heads (``attention_map: layer``), or averaged over every layer and head
-(``attention_map: mean``); the reported layers' cross-attention is computed explicitly to get its
-probabilities, every other attention runs through ``scaled_dot_product_attention``.
-
-Step-by-step decoding follows the decode-step interface of :mod:`captioner.decoding.search`; every state
-tensor has the batch (hypothesis) first, so a search can reorder it with ``index_select(0, ...)``:
-
-* with the cache (default), ``init_state`` projects the regions and layer i's cross-attention keys and
-  values once, ``"cross_k{i}"`` and ``"cross_v{i}"`` (B, heads, L, d_head), and starts empty self-attention
-  caches ``"self_k{i}"`` and ``"self_v{i}"`` (B, heads, 0, d_head); each ``step`` runs one position through
-  the layers and appends its keys and values (t words: (B, heads, t, d_head)), so T words cost T
-  single-position passes;
-* without it (``use_cache=False``), the state keeps the projected regions ``"memory"`` (B, L, d_model) and
-  the words so far ``"tokens"`` (B, t); each ``step`` re-runs the whole prefix through every layer,
-  cross-attention keys and values included, as a plain ``forward`` would.
-
-Both carry ``"position"`` (B,), the index of the next word. ``"memory"`` and the cross-attention keys and
-values depend on the image alone: they are the ``fixed_state``, which a beam search never reorders.
+Decoding state, batch first: with the cache (default), ``"cross_k{i}"``, ``"cross_v{i}"`` (B, heads, L, d_head)
+and ``"self_k{i}"``, ``"self_v{i}"`` (B, heads, t, d_head), growing a position per word; with
+``use_cache=False``, ``"memory"`` (B, L, d_model) and the words so far ``"tokens"`` (B, t). Both carry
+``"position"`` (B,); ``fixed_state`` is ``"memory"`` and ``"cross_*"``.
 """
 
 from __future__ import annotations
@@ -174,11 +154,9 @@ class DecoderLayer(nn.Module):
 
         ``memory_kv`` from :meth:`memory_kv`; ``self_mask`` (B, 1, T, t+T) bool, true where a word may attend
         (``None``: every key); ``past_kv`` the self-attention keys and values ``(B, heads, t, d_head)`` of t
-        earlier positions. The returned keys and values ``(B, heads, t+T, d_head)`` cover the earlier
-        positions and this call's; ``weights`` (B, heads, T, L) are the cross-attention probabilities when
-        ``need_weights``. With ``packing``, ``x`` and the returned ``x`` are its packed rows (N, d_model) and the
-        self-attention is causal (``self_mask`` and ``past_kv`` unused): padding follows a caption's words, so
-        causality alone keeps it from every real word.
+        earlier positions, returned extended to t+T; ``weights`` (B, heads, T, L) when ``need_weights``. With
+        ``packing``, ``x`` is its packed rows (N, d_model) and the self-attention is causal (``self_mask`` and
+        ``past_kv`` unused): padding follows the words, so causality alone hides it.
         """
         pad, pack = (packing.pad, packing.pack) if packing is not None else (lambda t: t, lambda t: t)
         q, k, v = self.split_heads(pad(self.self_qkv(self.norm_self(x))), 3)
@@ -255,12 +233,10 @@ class TransformerDecoder(nn.Module):
                    packing: Packing | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Teacher-forced pass of ``tokens`` (B, T) (``<pad>`` = 0) over ``memory_kv`` from :meth:`memory_kv`.
 
-        Returns the final (normalised) states ``(B, T, d_model)``, which ``out_words`` maps to logits, and the
-        per-head cross-attention ``(B, heads, T, L)`` of the reported layer (or the mean of every layer's). With
-        ``packing`` (the positions whose states are wanted, a prefix of each row; made outside, so that a compiled
-        ``run_layers`` sees no data-dependent size), the states are theirs alone, packed ``(N, d_model)`` in
-        row-major order, every position-wise part of the layers runs on those N rows only, and the cross-attention
-        is zero elsewhere.
+        Returns the final (normalised) states ``(B, T, d_model)`` and the per-head cross-attention
+        ``(B, heads, T, L)`` of the reported layers. With ``packing`` (a prefix of each row, made outside so that a
+        compiled ``run_layers`` sees no data-dependent size), the states are those positions' alone, packed
+        ``(N, d_model)`` row-major, and the cross-attention is zero elsewhere.
         """
         steps = tokens.shape[1]
         self.check_length(steps)
@@ -285,9 +261,7 @@ class TransformerDecoder(nn.Module):
 
         ``features`` (B, L, D); ``captions`` (B, T+1) = ``<start> w_1 .. <end> <pad>..``. Returns ``logits``
         (W, V) at the W real positions of ``captions[:, 1:]`` and ``alpha`` (B, T, L), the reported cross-attention
-        averaged over heads (zero at padding); with ``heads``, also its per-head maps ``alpha_heads`` (B, heads, T, L)
-        (with ``attention_map: mean``, each head's mean over the layers). Only the real positions are computed
-        (packed), and padding follows them, so causal attention alone keeps it from every real word's logits.
+        averaged over heads (zero at padding); with ``heads``, also ``alpha_heads`` (B, heads, T, L).
         """
         memory_kv = self.memory_kv(self.prepare_regions(features))
         packing = Packing(captions[:, 1:] != PAD_INDEX)     # the positions that predict a word

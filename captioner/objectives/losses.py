@@ -50,12 +50,8 @@ def doubly_stochastic_term(alpha: torch.Tensor, mask: torch.Tensor, weight: floa
 
     ``alpha`` (B, T, L), ``mask`` (B, T) true at real (non-padding) steps. ``scale="caption"`` averages the
     term over captions; ``"word"`` sums it over captions and divides by the number of real words, as the
-    cross-entropy beside it is: the balance of the paper's loss, whose likelihood term is summed over a
-    caption's words (per caption, the term weighs T times more against a per-word cross-entropy).
-
-    With a softmax over all L regions, ``sum_i sum_t alpha_ti = T`` for a caption of T words, so the term
-    equals ``sum_i (T/L - sum_t alpha_ti)^2`` plus a constant: it penalises uneven coverage, and when T << L
-    (12 words, 196 regions) every concentrated map is uneven coverage.
+    cross-entropy beside it is (the paper's balance: its likelihood term is summed over a caption's words).
+    Raises ``ValueError`` for another ``scale``.
     """
     if scale not in ("caption", "word"):
         raise ValueError(f"loss.doubly_stochastic_scale must be caption or word, not {scale!r}")
@@ -108,30 +104,14 @@ class CaptionLoss(nn.Module):
 
 
 class HardAttentionLoss(nn.Module):
-    """Surrogate loss whose gradient is the paper's estimator of ``-dL_s/dW`` (§4.1: the Monte Carlo gradient of the
-    variational bound ``L_s`` on ``log p(y|a)``, with the moving-average baseline and the entropy term), with its
-    moving-average reward baseline as state.
-
-    For each caption with sampled locations ``s`` (rows not in ``out.expectation_rows``):
+    """Surrogate loss whose gradient is the paper's estimator of ``-dL_s/dW`` (§4.1), with its moving-average
+    baseline as a buffer. For sampled locations ``s``:
 
         grad = d log p(y|s,a)/dW + (r - b) * d log p(s|a)/dW + entropy_weight * dH[s]/dW
 
-    The first term reaches every weight through the likelihood; the second (REINFORCE, the reward ``r``
-    detached, minus the baseline ``b``) reaches the attention network and everything that shapes ``alpha``.
-    Rows that used the expected location get the plain likelihood gradient (which then also flows through
-    ``alpha``). All terms are divided by the number of real words, as the cross-entropy of soft attention is.
-
-    The reward ``r`` is the caption's log-likelihood ``log p(y|s,a)`` (``hard_reward="sequence"``, the paper)
-    or that divided by the caption's length (``"per_word"``: long captions, of lower likelihood whatever the
-    locations, then do not read as bad locations; the same estimator up to a positive per-caption scale).
-
-    The baseline ``b`` (``hard_baseline``): ``"moving"``, the paper's moving average, updated after use in
-    training mode, ``b <- decay * b + (1 - decay) * mean reward`` over the sampled rows (the first batch sets
-    ``b`` before its use, so it starts at the reward's scale); or ``"caption"``, for M >= 2 location samples per
-    caption, the mean reward of the caption's other M - 1 samples (leave-one-out, as self-critical training
-    takes the other captions of an image): what the caption's words and length make of the reward cancels,
-    only the locations are compared, and the estimator stays unbiased (each sample's baseline is independent
-    of it).
+    Rows in ``out.expectation_rows`` get the likelihood gradient alone; terms are per real word. ``r`` is
+    ``log p(y|s,a)``, per caption or per word (``hard_reward``); ``b`` (``hard_baseline``) a moving average,
+    updated in training mode, or the mean reward of the caption's other samples.
     """
 
     def __init__(self, loss_config: LossConfig):

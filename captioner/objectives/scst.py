@@ -1,17 +1,15 @@
 """Self-critical sequence training (Rennie et al. 2017): optimise the caption metric itself.
 
-For each image of a batch, k captions are drawn from the model in one batched pass (through the decode-step
-interface, so every decoder works), each is scored against the image's references (CIDEr-D, optionally plus
-BLEU-4: :mod:`captioner.objectives.rewards`), and REINFORCE raises the log-probability of the captions that score
-above a baseline and lowers it for those below:
+For each image of a batch, k captions are drawn in one batched pass through the decode-step interface (so every
+decoder works) and scored against the image's references (CIDEr-D, optionally plus BLEU-4:
+:mod:`captioner.objectives.rewards`); REINFORCE raises the log-probability of those above a baseline and lowers
+it for those below:
 
     loss = - sum_{i, t} (r_i - b_i) * log p(w_it) / (sampled words)
 
-The baseline ``b_i`` is the mean reward of the image's other k - 1 samples (``mean``, Luo 2020: no extra
-decoding, and no sample is its own baseline) or the reward of the image's greedy caption (``greedy``, the
-original). Words after a caption's ``<end>`` get no gradient. For hard attention the sampled locations share
-the caption's reward: their log-probabilities join the words' (REINFORCE for words and locations together),
-and the paper's entropy bonus on the attention (``loss.entropy_weight``) stays available.
+The baseline ``b_i`` is the mean reward of the image's other k - 1 samples (``mean``, Luo 2020) or the reward
+of its greedy caption (``greedy``, the original). Words after a caption's ``<end>`` get no gradient. For hard
+attention the sampled locations share the caption's reward, and ``loss.entropy_weight`` stays available.
 """
 
 from __future__ import annotations

@@ -1,21 +1,11 @@
 """Fingerprints of the code's behaviour: what the measured code computes on small fixed probes.
 
 A result (:mod:`captioner.results.record`) names the probes its numbers depend on and keeps what each computed
-when the numbers were taken. A probe is named by a string, ``KIND [CONFIG]``, the config written as
-:class:`ConfigRef` reads it (``RECIPE [--init-from RECIPE] [OVERRIDE ...]``, ``RECIPE`` a packaged recipe or
-``defaults``):
-
-* ``train RECIPE ...``: the recipe's model, loss, optimiser and schedule built by the training engine, then a few
-  of its steps on a fixed batch of random features and fixed captions (the warm-start step of hard attention
-  and self-critical steps where the recipe has them): every loss term and the gradient norm of each weight;
-* ``decode RECIPE ...``: the recipe's model, fitted to the probe captions by a few steps, decoding their features
-  with the recipe's ``decode`` section;
-* ``ensemble RECIPE RECIPE ...``: those models decoding together;
-* ``data RECIPE ...``: the recipe's data path on three drawn images in its data format: the records read, the
-  features its encoder caches (weights as configured), the vocabulary and the collated training batch;
-* ``text``, ``metrics``, ``shapes``: the tokeniser and vocabulary; the caption metrics (without Java),
-  diversity, attention statistics, grounding and the shapes measures on fixed captions and maps; the shapes
-  generator's scenes and pixels.
+when the numbers were taken. A probe is named ``KIND [CONFIG]``, the config as :class:`ConfigRef` reads it
+(``RECIPE [--init-from RECIPE] [OVERRIDE ...]``, ``RECIPE`` a packaged recipe or ``defaults``). The kinds:
+``train`` (a few steps of each objective the recipe trains on, on a fixed batch: loss terms, gradient norms),
+``decode`` and ``ensemble`` (the recipe's model fitted to the probe captions, decoding), ``data`` (the data path
+on three drawn images), and ``text``, ``metrics``, ``shapes``.
 
 Probes run on the CPU in float32 on one thread, seeded. Numbers are compared within :data:`RELATIVE_TOLERANCE`
 (float sums differ in their last digits between CPUs); words, token sequences and hashes exactly, except that a
@@ -199,8 +189,10 @@ def train_probe(config) -> dict:
                          "cpu", enabled=False), loaders={}, val_set=None, self_critical=self_critical, logger=None,
                      rank_batch=len(PROBE_CAPTIONS))
     state, stop = engine.TrainState(), type("NoStop", (), {"requested": False})()
-    steps = [("xe", True)] if train.expectation_epochs else []
-    steps += [("xe", False)] * TRAIN_STEPS + ([("scst", False)] * TRAIN_STEPS if self_critical else [])
+    steps = []          # the objectives the run trains on, in its order: cross-entropy (warm start first), SCST
+    if train.objective == "xe" or train.scst_after_epoch:
+        steps += [("xe", True)] * bool(train.expectation_epochs) + [("xe", False)] * TRAIN_STEPS
+    steps += [("scst", False)] * TRAIN_STEPS if self_critical else []
     model.train()
     run.loss.train()
     out = []
@@ -225,22 +217,23 @@ def generations(generated) -> list[dict]:
 
 
 def fitted_model(config, vocab):
-    """A new model of ``config`` (seeded) after :data:`FIT_STEPS` Adam steps with its own loss on the first
-    :data:`PROBE_IMAGES` probe captions, so that it writes captions of the probe words from their features (a new
-    model writes none: its first word is as likely ``<end>`` as any); in evaluation mode, with those features."""
+    """A new model of ``config`` (seeded) after :data:`FIT_STEPS` Adam steps of torch's own cross-entropy (not the
+    recipe's loss, which the ``train`` probe covers) on the first :data:`PROBE_IMAGES` probe captions, so that it
+    writes captions of the probe words from their features (a new model writes none: its first word is as likely
+    ``<end>`` as any); in evaluation mode, with those features."""
     import torch
-
-    from captioner.objectives.losses import build_loss
+    import torch.nn.functional as F
 
     model = probe_model(config, vocab)
     batch = probe_batch(config, vocab, model, PROBE_IMAGES)
-    loss = build_loss(model.decoder, config.loss)
     optimizer = torch.optim.Adam(model.decoder.parameters(), lr=FIT_LR)
     model.train()
     for _ in range(FIT_STEPS):
         optimizer.zero_grad()
-        captions = batch["captions"]
-        loss(model(captions, features=batch["features"]), captions[:, 1:])["loss"].backward()
+        out = model(batch["captions"], features=batch["features"])
+        targets = batch["captions"][:, 1:]
+        targets = targets if out.repeats is None else targets.repeat_interleave(out.repeats, 0)
+        F.cross_entropy(out.logits.float(), targets[targets != 0]).backward()
         optimizer.step()
     return model.eval(), batch["features"]
 

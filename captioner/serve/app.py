@@ -5,14 +5,12 @@ caption, n best beams and per-word attention; ``POST /api/figure`` the PNG that 
 it; ``GET /api/models``; ``GET /api/overlay-operators`` the upsampling matrices of ``captioner attend`` for the
 grids of the loaded models, with which the page draws its overlays; ``GET /health``.
 
-A request goes through :class:`~captioner.serve.access.Access` (its host, origin and token), the upload size
-limit and :class:`~captioner.serve.limits.Admission` (the queue's bound and the deadline) before its body is
-read. Uploads are then checked and decoded, no larger than needed, by the threads of a
-:class:`~captioner.serve.limits.DecodeBudget` (the checks of ``captioner caption``: empty, truncated, not an
-image, over the pixel limit from the header), and captioned in batches by the one worker of a
-:class:`~captioner.serve.batching.DynamicBatcher`, which hands each batch to the models' own process
-(:mod:`~captioner.serve.decoding_process`) or decodes it itself. :func:`serve` runs it under uvicorn with the
-connection limits of :mod:`~captioner.serve.connections`.
+A request passes :class:`~captioner.serve.access.Access`, the upload size limit and
+:class:`~captioner.serve.limits.Admission` before its body is read. Uploads are then checked and decoded (as
+``captioner caption`` does, no larger than needed) under a :class:`~captioner.serve.limits.DecodeBudget`, and
+captioned in batches by a :class:`~captioner.serve.batching.DynamicBatcher`, in the models' own process
+(:mod:`~captioner.serve.decoding_process`) or its own. :func:`serve` runs it under uvicorn with the connection
+limits of :mod:`~captioner.serve.connections`.
 """
 
 from __future__ import annotations

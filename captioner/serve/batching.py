@@ -1,16 +1,11 @@
 """Dynamic batching: requests that arrive together are decoded together.
 
-One worker thread runs the handler. It takes the oldest queued job, then keeps taking jobs until it holds
-``max_batch`` of them or ``max_wait`` seconds have passed since that oldest job was submitted (so a job that
-already waited while the worker was busy adds no wait at all), or until no job is queued and none is on its
-way: a request announces itself when it arrives (:meth:`DynamicBatcher.arrival`, before its upload is read),
-so a lone request is decoded at once instead of waiting ``max_wait`` for company that is not coming. The
-jobs it holds are grouped by their key (checkpoint and beam size: jobs of different keys are never decoded
-together) and each group is one call of ``handler(key, items)``, e.g. one batched beam search (in the
-server's decoding process), which returns one result per item, in order.
-Every job's future then gets its result and its :class:`Timing`.
-
-With ``max_batch=1`` this is plain one-at-a-time serving, the baseline of ``benchmarks/bench_serve.py``.
+One worker thread runs the handler. It takes the oldest queued job, then more until it holds ``max_batch`` of
+them, ``max_wait`` seconds have passed since that oldest job was submitted, or no job is queued and none is on
+its way (a request announces itself on arrival, :meth:`DynamicBatcher.arrival`, so a lone request is decoded at
+once). The jobs are grouped by key (checkpoint and beam size; different keys are never decoded together) and
+each group is one call of ``handler(key, items)``, which returns one result per item, in order; every job's
+future then gets its result and its :class:`Timing`. ``max_batch=1`` is plain one-at-a-time serving.
 """
 
 from __future__ import annotations

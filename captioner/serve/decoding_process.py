@@ -1,18 +1,14 @@
 """The models of ``captioner serve`` in a process of their own, so that decoding never waits for the GIL.
 
-Every PyTorch operator releases the GIL while it runs and takes it back after; a beam search runs thousands
-of small operators, and in the server's process each of those hand-backs can wait for the event loop's
-thread (HTTP parsing, JSON), which only yields the GIL every few milliseconds. Measured by
-``benchmarks/bench_decode_beside_python.py``: beside one busy Python thread of the same process a batch
-decodes hundreds of times slower than alone, beside a busy process about as fast. So the server's batcher
-hands each batch to this child process over a pipe: the images go as one uint8 array, the captions come
-back with their attention as arrays.
+A beam search runs thousands of small PyTorch operators, each taking the GIL back as it ends; in the server's
+process each can wait for the event loop's thread (HTTP parsing, JSON), which slows decoding badly
+(``benchmarks/bench_decode_beside_python.py``). So the batcher hands each batch to this child process over a
+pipe: the images as one uint8 array, the captions back with their attention as arrays.
 
 The child loads the checkpoints (:func:`~captioner.serve.checkpoints.load_served_models`) and decodes on the
-server's device; the server's process holds only their descriptions (vocabulary, config, input transform,
-grid: :meth:`~captioner.serve.checkpoints.ServedModel.description`), which the child sends once loaded, so the
-weights sit in memory once and are read from disk once. A child that ends (killed, out of memory) is replaced
-at once; meanwhile the requests get a 503 saying when to try again.
+server's device; the server's process holds only their descriptions
+(:meth:`~captioner.serve.checkpoints.ServedModel.description`), so the weights are in memory once. A child that
+ends is replaced at once; meanwhile requests get a 503 saying when to try again.
 """
 
 from __future__ import annotations
@@ -50,14 +46,13 @@ class LoadSettings:
 
 class DecodingProcess:
     """A child process holding the served models; :meth:`caption` is a batcher handler
-    ``(checkpoint name, beam), images -> n best captions of each``. Use :meth:`start` and :meth:`close`
-    (or ``with``); once started, :attr:`models` describes the checkpoints it holds, by name, in the order
-    given. One thread at a time may call :meth:`caption` (the batcher's worker).
+    ``(checkpoint name, beam), images -> n best captions of each``. Use :meth:`start` and :meth:`close` (or
+    ``with``); :attr:`models` then describes the checkpoints by name, in order. One thread at a time may call
+    :meth:`caption`.
 
-    A child that ends while the server runs (killed, out of memory) is replaced at once by a thread of this
-    object's: the batch it was decoding and every batch until the new child has loaded the models fail with
-    :class:`~captioner.serve.errors.Unavailable` (a 503 saying when to try again). A new child that cannot
-    load them (a checkpoint gone since) is not tried again: :attr:`problem` then says why for good."""
+    A child that ends is replaced at once; until the new one has loaded the models, batches fail with
+    :class:`~captioner.serve.errors.Unavailable` (a 503). One that cannot load them is not tried again
+    (:attr:`problem` says why)."""
 
     def __init__(self, settings: LoadSettings):
         self.settings = settings

@@ -158,12 +158,11 @@ class InFlight:
 
 
 class Admission:
-    """ASGI middleware in front of the decoding routes (POST /api/caption, /api/figure): a request is refused
-    with a 503 (and ``Retry-After``) before its upload is read while ``in_flight`` is at its limit or while
-    ``unavailable()`` says why the models cannot decode (and for how long, in seconds); one let in is announced
-    to the batcher at once (:meth:`DynamicBatcher.arrival`, so that a worker collecting a batch waits for the
-    requests on their way and for no others) and answered within ``timeout_s`` of its headers: past that, a 408
-    when its upload had not arrived whole, else a 504."""
+    """ASGI middleware in front of the decoding routes (POST /api/caption, /api/figure). Before its upload is
+    read, a request is refused with a 503 (and ``Retry-After``) while ``in_flight`` is at its limit or while
+    ``unavailable()`` gives a reason (and seconds to wait); one let in is announced to the batcher
+    (:meth:`DynamicBatcher.arrival`) and answered within ``timeout_s`` of its headers, else a 408 (upload
+    incomplete) or a 504."""
 
     def __init__(self, app: ASGIApp, batcher: DynamicBatcher, *, in_flight: InFlight, timeout_s: float,
                  unavailable: Callable[[], tuple[str, float] | None] = lambda: None):

@@ -1,13 +1,11 @@
 """Which precision a training run computes in: ``train.amp`` true, false or ``auto`` (the default).
 
 On CUDA ``auto`` is mixed precision (bf16 where the GPU supports it, else fp16 with a gradient scaler). On a
-CPU the answer depends on the processor. Without native bf16 arithmetic (x86 before AVX512-BF16 or AMX, that
-is AMD before Zen 4 and Intel before Cooper Lake; ARM without FEAT_BF16) bf16 is emulated and a training step
-can be twenty times slower than float32, so ``auto`` takes float32 there without measuring. Where the CPU
-has native bf16, whether it pays depends on the sizes (small matrices gain nothing), so ``auto`` measures: a
-few training steps of the run's own model at its own sizes, in float32 and in bf16 autocast, interleaved, and
-takes bf16 only where it is clearly faster (:data:`AUTO_BF16_BELOW`). The measurement touches neither the
-weights, the loss's state nor the random streams of the run. ``true`` on a CPU where bf16 is slower warns
+CPU without native bf16 arithmetic (x86 without AVX512-BF16 or AMX, ARM without FEAT_BF16) bf16 is emulated and
+many times slower, so ``auto`` takes float32 without measuring. Where the CPU has native bf16, whether it pays
+depends on the sizes, so ``auto`` times a few training steps of the run's own model in float32 and in bf16
+autocast (:func:`bf16_step_ratio`) and takes bf16 only below :data:`AUTO_BF16_BELOW`; the measurement leaves
+the weights, the loss's state and the run's random streams alone. ``true`` on a CPU where bf16 is slower warns
 with the measured ratio.
 """
 
@@ -126,15 +124,11 @@ def choose_precision(setting: bool | str, model: nn.Module, loss: nn.Module, voc
 
 def bf16_step_ratio(model: nn.Module, loss: nn.Module, vocab_size: int, batch_size: int,
                     device: torch.device) -> float:
-    """(bf16 autocast step time) / (float32 step time): the median, over interleaved pairs of steps, of each
-    pair's ratio (the two steps of a pair run back to back, under the same load; the median drops the pairs where
-    another process took the core in the middle of one step). A step is the forward and backward of
-    ``model.decoder`` and ``loss`` on random regions of the encoder's ``(L, D)`` and random captions of
-    :data:`PROBE_WORDS` words, ``min(batch_size, PROBE_BATCH)`` of them. On a CPU it measures one core (one torch
-    thread): the ratio is the same per core, and where other processes share the machine, several threads wait on
-    each other at every operation, which made single samples of the ratio range from 0.2 to 4 on a loaded 2-core
-    machine (0.85-0.90 at one thread). At least :data:`PROBE_MIN_PAIRS` pairs, however slow a step is. Weights,
-    gradients, the loss's state, the random generators and the thread count are as they were before."""
+    """(bf16 autocast step time) / (float32 step time): the median of the ratios of interleaved pairs of steps,
+    so that a pair disturbed by another process counts little. A step is the forward and backward of
+    ``model.decoder`` and ``loss`` on ``min(batch_size, PROBE_BATCH)`` random captions of :data:`PROBE_WORDS`
+    words; on a CPU on one torch thread (steadier on a shared machine). At least :data:`PROBE_MIN_PAIRS` pairs.
+    Weights, gradients, the loss's state, the random generators and the thread count are left as they were."""
     grid, dim = model.encoder.grid, model.encoder.feature_dim
     batch = min(batch_size, PROBE_BATCH)
     loss_state = copy.deepcopy(loss.state_dict())

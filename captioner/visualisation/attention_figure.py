@@ -39,7 +39,7 @@ TITLE_CHARACTERS_PER_INCH = 11
 """How many characters of the 12-point title fit in an inch, to wrap it to the figure's width."""
 PNG_COMPRESSION = 3
 """zlib level of the PNGs written: PIL's default, 6, spends more time compressing these blurred overlays than
-drawing them, for files a tenth smaller."""
+drawing them, for files little smaller."""
 CHOSEN_COLOR = "#ff3b30"
 BOX_COLOR = "#00e5ff"
 
@@ -47,23 +47,12 @@ Box = tuple[float, float, float, float]
 
 
 def upsample_attention(attention_map: np.ndarray, size: tuple[int, int], smooth: bool = True) -> np.ndarray:
-    """Upsample one attention map over the encoder grid to the image's pixels.
+    """Upsample one attention map ``(gh, gw)`` over the encoder grid to an ``(H, W)`` map over the image's pixels.
 
-    Grid cell ``(i, j)`` covers the pixels ``[i * H / gh, (i + 1) * H / gh) x [j * W / gw, (j + 1) * W / gw)``,
-    so any grid size and aspect ratio maps onto any image size.
-
-    Args:
-        attention_map: ``(gh, gw)`` non-negative weights (negative values count as 0).
-        size: ``(H, W)`` of the image.
-        smooth: bilinear interpolation between cell centres followed by a gaussian blur whose
-            standard deviation is :data:`BLUR_SIGMA_PER_CELL` cells along each axis; ``False``
-            gives nearest-neighbour blocks, each cell's value over exactly its own pixels.
-
-    Returns:
-        ``(H, W)`` float64 map, non-negative, with the same total as the input (after clipping
-        negatives): a map summing to 1 over the grid sums to 1 over the image, i.e. it becomes a
-        distribution over pixels. An all-zero map stays all zero. For a one-hot map the maximum lies
-        inside the pixels of the hot cell.
+    Each grid cell covers an equal rectangle of the image. ``smooth``: bilinear, then a gaussian blur of
+    :data:`BLUR_SIGMA_PER_CELL` cells; else each cell's value over exactly its own pixels. Negative weights count
+    as 0. The float64 result keeps the map's total: a distribution over cells becomes one over pixels. Raises
+    ``ValueError`` for a map that is empty, not 2-D or not finite.
     """
     weights = np.asarray(attention_map, dtype=np.float64)
     if weights.ndim != 2 or weights.size == 0:
@@ -96,27 +85,13 @@ def draw_attention_figure(image: Image.Image, words: Sequence[str], attention: n
                           out_path: str | os.PathLike[str], *, chosen: np.ndarray | None = None,
                           boxes: Sequence[Sequence[Box]] | None = None, columns: int = 5, smooth: bool = True,
                           title: str | None = None) -> Path:
-    """Draw the image and one attention panel per word; save it as a PNG at ``out_path``.
+    """Draw the image and one attention panel per word; save it as a PNG at ``out_path`` (parent folders are
+    created) and return that path.
 
-    Each word's panel shows the image dimmed to :data:`DIMMED_BRIGHTNESS` where the word's attention
-    is zero and at full brightness where it peaks (each panel is scaled to its own maximum), with the
-    word as the panel's title.
-
-    Args:
-        image: the captioned image, any size, aspect ratio and mode.
-        words: the ``T`` generated words, in order.
-        attention: ``(T, gh, gw)`` attention weights, one map per word over the encoder grid.
-        out_path: where to write the PNG (parent folders are created).
-        chosen: ``(T, gh, gw)`` one-hot maps of the cells hard attention sampled; each word's chosen
-            cell is outlined in red. Steps whose map is all zero get no outline.
-        boxes: ``boxes[t]`` lists ground-truth boxes ``(x, y, w, h)`` in image pixels to outline on
-            word ``t``'s panel (dashed cyan), e.g. the object the word names.
-        columns: panels per row.
-        smooth: smooth (bilinear + blur) or blocky (nearest) upsampling, see :func:`upsample_attention`.
-        title: drawn above all panels, e.g. the whole caption.
-
-    Returns:
-        ``out_path`` as a :class:`~pathlib.Path`.
+    ``attention`` (T, gh, gw): one map per word, shown as the image dimmed to :data:`DIMMED_BRIGHTNESS` where
+    the map is zero. ``chosen`` (T, gh, gw): hard attention's cells, outlined; ``boxes[t]``: boxes
+    ``(x, y, w, h)`` in image pixels outlined on word t's panel. ``columns``:
+    panels per row; ``smooth`` as in :func:`upsample_attention`; ``title`` above all panels.
     """
     attention, chosen = _checked_maps(words, attention, chosen, boxes, columns)
     width, height = image.size

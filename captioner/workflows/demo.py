@@ -1,20 +1,15 @@
 """The main job (``make demo``): shapes data -> cached features -> train each demo run -> test scores ->
-figures -> comparison report. ``captioner demo --runs soft_scst`` retrains only the runs named and keeps the
-other rows of an earlier summary in the same folder; ``--resume`` continues every run from its ``last.pt``
-(after Ctrl-C: the result of an uninterrupted demo).
+figures -> comparison report. ``captioner demo --runs soft_scst`` retrains only the runs named, keeping the
+other rows of an earlier summary; ``--resume`` continues every run from its ``last.pt``.
 
-Runs the packaged recipe ``demo_{name}`` (``captioner/configs/demo_{name}.yaml``) for each name in ``DEMO_RUNS`` with the same seed and budget,
-evaluates each on the held-out test split (beam: the configs' decode.beam), captions a few test images with attention
-figures, compares the runs (``captioner compare``) and writes ``{out}/summary.json``.
+Each name in ``DEMO_RUNS`` is the packaged recipe ``demo_{name}``, trained with the same seed and budget and
+evaluated on the test split; the demo also draws attention figures, compares the runs and writes
+``{out}/summary.json``.
 
-On a CPU the runs train in worker processes, one per usable core (``processes``), each with one torch thread:
-soft on all of them at once, data parallel (gloo, as under torchrun: the same global batch split between them),
-so that the soft model and its attention figures are ready first; then the others side by side, one process each,
-where no gradients need summing between processes (the self-critical run from soft too: on all of them it would wait
-for every core to come free while one stood idle). This process scores each run as its training ends, while the
-next runs train on the cores it held, with one METEOR Java process for all of them (started as the demo starts: it
-takes 9-12 s of a core to load, and scoring a run in its worker would start one per run). With a GPU (or
-``processes=1``) the runs train one after the other in this process.
+On a CPU the runs train in worker processes, one per usable core (``processes``): soft first, data parallel on
+all of them (so that its figures are ready first), then the others side by side. This process scores each run
+as its training ends, with one METEOR Java process for all. With a GPU (or ``processes=1``) the runs train one
+after the other here.
 """
 
 from __future__ import annotations
@@ -309,17 +304,11 @@ def finished(name: str, row: dict, started: float) -> dict:
 
 def train_on_workers(plan: list[tuple[str, Config, int]], out: Path, slots: int,
                      resume: bool = False) -> Iterator[tuple[str, dict, int]]:
-    """Train each run of ``plan`` (name, config, processes) on worker processes, ``slots`` of them at a time, each
-    with :func:`threads_per_process` torch threads: a run on several processes trains data parallel over gloo on
-    this machine (the ranks torchrun would start: each a share of the global batch, every step's gradients summed).
-    Runs start in ``plan``'s order as slots come free, a run that starts from another (``STARTS_FROM``) once that
-    one is trained. Yields ``(name, result, idle)`` as each run's training ends: :func:`train_run`'s result and the
-    slots idle at that moment, the runs that could start having started (the caller scores the run meanwhile, so
-    that its cores train the next).
-
-    The workers live in a process group of their own: Ctrl-C (or SIGTERM) reaches this process alone, which then
-    sends SIGTERM to the workers, so that each run in training saves a resumable ``last.pt`` and stops; a worker
-    that fails stops the others, and its error is raised here."""
+    """Train each run of ``plan`` (name, config, processes) on worker processes, ``slots`` at a time, each with
+    :func:`threads_per_process` torch threads (several processes: data parallel over gloo). Runs
+    start in ``plan``'s order as slots come free, one that starts from another (``STARTS_FROM``) once that one is
+    trained. Yields ``(name, result, idle slots)`` as each run's training ends. Ctrl-C or SIGTERM makes every
+    worker save a resumable ``last.pt`` and stop; a failing worker stops the others, its error raised here."""
     if any(size > slots for _, _, size in plan):
         raise ValueError(f"a run of the plan needs more than the {slots} worker slot(s)")
     context = multiprocessing.get_context("spawn")

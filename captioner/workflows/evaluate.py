@@ -47,16 +47,13 @@ def evaluate_checkpoint(checkpoints: str | Path | Sequence[str | Path], split: s
                         device: str = "auto", spice: bool = False, progress: bool = True,
                         n_best: int | None = None, runtime: str = "torch") -> dict:
     """Scores of the checkpoint (or the ensemble of ``checkpoints``) on ``split``; writes ``captions_{split}.json``
-    (COCO results format) and ``scores_{split}.json`` into ``out_dir`` (default: the first checkpoint's folder, or the export folder itself),
-    and with ``n_best > 1`` the n best captions of every image with their log-probabilities, ``nbest_{split}.json``.
+    (COCO results format), ``scores_{split}.json`` and, with ``n_best > 1``, ``nbest_{split}.json`` into
+    ``out_dir`` (default: the first checkpoint's folder, or the export folder).
 
-    The scores: BLEU-1..4, METEOR, ROUGE-L, CIDEr (SPICE on request); ``decode``, the settings used, and
-    ``runtime``, what ran the model (torch, or ONNX Runtime: :meth:`~captioner.predictor.Predictor.load`);
-    ``diversity`` (:mod:`captioner.evaluation.diversity`); ``attention``, the sharpness statistics of
-    :func:`~captioner.evaluation.attention_stats.attention_statistics` (without the per-region list); on the
-    shapes data object precision and relation accuracy; wherever the config names an instances file for the
-    split (shapes or COCO), attention grounding (``pointing_accuracy`` and the ``grounding`` breakdown) of the
-    images the file holds."""
+    The scores: BLEU-1..4, METEOR, ROUGE-L, CIDEr (SPICE on request), ``decode`` (the settings used),
+    ``runtime``, ``diversity`` (:mod:`captioner.evaluation.diversity`), ``attention`` statistics, on the shapes
+    data object precision and relation accuracy, and wherever the config names an instances file for the split,
+    attention grounding (``pointing_accuracy``, ``grounding``)."""
     from captioner.checkpoint import checkpoint_digest, checkpoint_folder
     from captioner.core.devices import resolve_device
     from captioner.evaluation.caption_metrics import meteor_kept, score_captions

@@ -1,17 +1,13 @@
 """The report of ``captioner compare``: a side-by-side report of several training runs (Markdown with PNGs, and one
 self-contained HTML page with the images embedded).
 
-For each run directory (``config.yaml``, ``metrics.jsonl``, ``best.pt`` or ``last.pt``, and the
-``scores_{split}.json`` written by ``captioner evaluate``) the report gives: a metrics table (BLEU-1..4,
-METEOR, ROUGE-L, CIDEr, training time, parameters, words/s), learning curves on shared axes, attention
-statistics (mean entropy of alpha per word, histogram of the coverage ``sum_t alpha_ti``) and the same test
-images captioned by every run with their attention figures. Each run is named by its folder, or by as many
-of its path's last components as it takes to tell it from the others (``a/run``, ``b/run``).
+For each run directory (``config.yaml``, ``metrics.jsonl``, ``best.pt`` or ``last.pt``, ``scores_{split}.json``)
+the report gives a metrics table, learning curves on shared axes, attention statistics (entropy of alpha per
+word, histogram of the coverage ``sum_t alpha_ti``) and the same test images captioned by every run with their
+attention figures. Each run is named by as many of its path's last components as tell it from the others.
 
-A run's ``scores_{split}.json`` is a cache: it is used only when it names the run's checkpoint by its SHA-256
-(``checkpoint_sha256``), no config overrides (``overrides``) and the decode settings of this report
-(``decode``); otherwise (missing, damaged, made by another checkpoint, beam or settings, or written by a
-``captioner evaluate`` that does not record these fields) the run is evaluated again, which writes
+A run's ``scores_{split}.json`` is used only when it names the run's checkpoint by its SHA-256, no config
+overrides and this report's decode settings; otherwise the run is evaluated again, which writes
 ``captions_{split}.json`` and ``scores_{split}.json`` into the run folder as ``captioner evaluate`` does.
 Everything else goes into the report folder.
 """
