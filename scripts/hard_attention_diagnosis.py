@@ -58,9 +58,10 @@ def trained(*configs: str) -> list[str]:
 
 
 def runs_made_by(rows: list[dict]) -> tuple[list[str], list[str]]:
-    """The configs and probes of a ``runs`` result: the soft control, and each hard variant from the changes its
-    row records, decoded as the rows are (argmax and expectation)."""
-    configs, probes = [SOFT, HARD], ["text", "metrics", *trained(SOFT)]
+    """The configs and probes of a ``runs`` result: the soft control where a row is one, and each hard variant from
+    the changes its row records, decoded as the rows are (argmax and expectation)."""
+    soft = any(row["recipe"] == SOFT for row in rows)
+    configs, probes = [SOFT, HARD] if soft else [HARD], ["text", "metrics", *(trained(SOFT) if soft else [])]
     for row in rows:
         changes = [c for c in row["changes"] if not c.startswith(LENGTH_AND_START)]
         if row["recipe"] == HARD and changes:
