@@ -48,7 +48,8 @@ class LSTMDecoderConfig:
     embed_dim: int = setting(512, "word embedding size (and of the deep output layer)", minimum=1)
     hidden_dim: int = setting(512, "LSTM state size", minimum=1)
     dropout: float = setting(0.5, "before the output layer", minimum=0, below=1)
-    gate: str = setting("scalar", "scalar | vector | none (the paper's beta gate)", choices=("scalar", "vector", "none"))
+    gate: str = setting("scalar", "scalar | vector | none (the paper's beta gate)",
+                        choices=("scalar", "vector", "none"))
     learned_sharpness: bool = setting(False, "a learned inverse temperature exp(s) on the attention scores")
     region_norm: str = setting("none", "none | layer: LayerNorm over each region's features before anything reads them",
                                choices=("none", "layer"))

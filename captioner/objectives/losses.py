@@ -45,7 +45,8 @@ class LossConfig:
         check_settings(self, "loss")
 
 
-def doubly_stochastic_term(alpha: torch.Tensor, mask: torch.Tensor, weight: float, scale: str = "caption") -> torch.Tensor:
+def doubly_stochastic_term(alpha: torch.Tensor, mask: torch.Tensor, weight: float,
+                           scale: str = "caption") -> torch.Tensor:
     """``weight * sum_i (1 - sum_t alpha_ti)^2`` (Xu et al. eq. 14), real steps only.
 
     ``alpha`` (B, T, L), ``mask`` (B, T) true at real (non-padding) steps. ``scale="caption"`` averages the

@@ -67,11 +67,13 @@ def machine_block(date: float | None = None, commit: str | None = None) -> dict:
 
     from captioner.core.devices import cpu_model, usable_cores
 
-    gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+    gpus = ([torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available()
+            else [])
     status = None if commit else git("status", "--porcelain", "--untracked-files=no")
     return {"cpu": cpu_model(), "cpu_flags": cpu_flags(), "cores": usable_cores(), "threads": torch.get_num_threads(),
             "gpu": gpus, "torch": torch.__version__, "python": platform.python_version(),
-            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(date)), "commit": commit or git("rev-parse", "HEAD"),
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(date)),
+            "commit": commit or git("rev-parse", "HEAD"),
             "uncommitted_changes": bool(status) if status is not None else None,
             "load_average": [round(x, 2) for x in os.getloadavg()]}
 
