@@ -53,6 +53,7 @@ bench: setup
 docs: setup
 	$(PY) scripts/render_results.py --check
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+	@echo "make docs: built into site/; view it through a server (its search needs one): $(PY) -m http.server -d site, then http://127.0.0.1:8000/"
 
 clean:
 	rm -rf $(VENV) runs site

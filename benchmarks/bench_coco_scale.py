@@ -25,8 +25,8 @@ minute of training names the objects that grounding looks for), so that its memo
    the time from the process's start to its first training step (the first record of ``metrics.jsonl``), then
    SIGTERM after ``--train-seconds`` (a resumable ``last.pt``, exit status 130); ``train_resume``: ``--resume``,
    checked to continue at the saved step + 1, its time to the first step, stopped the same way;
-4. ``evaluate``: ``captioner evaluate RUN/last.pt --split test`` (Java: PTB tokenizer and METEOR);
-5. ``ground``: ``captioner ground RUN/last.pt --split test --instances instances_val2014.json``.
+4. ``evaluate``: ``captioner evaluate --checkpoint RUN/last.pt --split test`` (Java: PTB tokenizer and METEOR);
+5. ``ground``: ``captioner ground --checkpoint RUN/last.pt --split test --instances instances_val2014.json``.
 
 Memory: the process tree of each stage (the command, its DataLoader workers, Java) is read from /proc every
 0.1 s: the peak of the summed resident sets (RSS; pages that forked workers share count in every process that
@@ -577,15 +577,17 @@ def run_scale(images: int, root: Path, args, env: dict) -> dict:
         log(f"{name}: first step after {watch.first_step_s} s, stopped at step {result['step']}")
 
     checkpoint = str(tree / "run" / "last.pt")
-    stage = check(Stage("evaluate", captioner + ["evaluate", checkpoint, "--split", "test", "--device", "cpu"], logs, env).wait())
+    stage = check(Stage("evaluate", captioner + ["evaluate", "--checkpoint", checkpoint, "--split", "test",
+                                                 "--device", "cpu"], logs, env).wait())
     scores = last_json(stage.stdout())
     stages["evaluate"] = stage.summary(counts["karpathy_test"], decoded=scores["images"], vocabulary=vocabulary,
                                        **{k: round(scores[k], 4) for k in ("BLEU-4", "METEOR", "CIDEr") if k in scores},
                                        pointing_accuracy=scores.get("pointing_accuracy"))
     log(f"evaluate {stage.seconds:.1f} s")
     instances = tree / "annotations" / "instances_val2014.json"
-    stage = check(Stage("ground", captioner + ["ground", checkpoint, "--split", "test", "--instances", str(instances),
-                                               "--json", "--device", "cpu"], logs, env).wait())
+    stage = check(Stage("ground", captioner + ["ground", "--checkpoint", checkpoint, "--split", "test",
+                                               "--instances", str(instances), "--json", "--device", "cpu"],
+                        logs, env).wait())
     grounding = last_json(stage.stdout())
     stages["ground"] = stage.summary(counts["karpathy_test"], images_grounded=grounding["images_grounded"], vocabulary=vocabulary,
                                      words=grounding["words"], pointing_accuracy=round(grounding["pointing_accuracy"], 4),

@@ -1,7 +1,7 @@
 """Serving throughput and latency of ``captioner serve`` under load, printed as JSON.
 
-A live server (``python -m captioner serve CKPT --port 0``, its own process and its decoding process, on
-127.0.0.1 only) and N
+A live server (``python -m captioner serve --checkpoint CKPT --port 0``, its own process and its decoding process,
+on 127.0.0.1 only) and N
 concurrent clients (1, 4, 16: asyncio + httpx in this process) sending shapes images; each setting sends a
 bounded number of requests (``--requests``) and stops early at ``--time-limit`` seconds. Per setting:
 images/s, p50/p95/p99 latency, failed requests and the mean batch the server decoded; dynamic batching on
@@ -70,8 +70,8 @@ def live_server(checkpoint: Path, options: list[str], threads: int, device: str)
     """``captioner serve`` in a process of its own on a free loopback port; yields ``(url, pid)``."""
     environment = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
                    "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    command = [sys.executable, "-m", "captioner", "serve", str(checkpoint), "--host", "127.0.0.1", "--port", "0",
-               "--device", device, *options]
+    command = [sys.executable, "-m", "captioner", "serve", "--checkpoint", str(checkpoint), "--host", "127.0.0.1",
+               "--port", "0", "--device", device, *options]
     server = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=environment)
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=lambda: [lines.put(line) for line in server.stdout], daemon=True).start()

@@ -1,7 +1,7 @@
 """``captioner serve`` under hostile clients (issue #30), printed as JSON.
 
-A live server (``python -m captioner serve CKPT --port 0``: its default limits, one torch thread, on 127.0.0.1
-only) answers ``--requests`` legitimate caption requests (shapes images) from 16 clients twice: alone, then
+A live server (``python -m captioner serve --checkpoint CKPT --port 0``: its default limits, one torch thread, on
+127.0.0.1 only) answers ``--requests`` legitimate caption requests (shapes images) from 16 clients twice: alone, then
 while 16 hostile clients (a process of their own) run a battery in a loop: uploads of a 60-megapixel PNG, its
 WebP and 16-bit kin and a header claiming 40,000 x 40,000 pixels, the 4096-pixel overlay probe, foreign Host
 and Origin headers, heads and uploads that stall until the server cuts them off, a 1 MB head, 2,000 requests

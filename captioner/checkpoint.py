@@ -4,8 +4,9 @@ and the models they hold; a model built from a config (:func:`build_model`) besi
 read them, so this module belongs to no single layer.
 
 A checkpoint holds ``model``, ``optimizer``, ``scheduler`` and ``loss`` (state dicts), ``progress`` (epoch,
-step, best score, ...), ``rng``, ``vocab`` (the word list), ``config`` (the resolved config) and
-``captioner_version`` (the version that wrote it; absent before 0.2.0). Only
+step, best score, ...), ``rng``, ``vocab`` (the word list), ``config`` (the resolved config),
+``captioner_version`` (the version that wrote it; absent before 0.2.0) and ``trained_on`` (the training data's
+name and kind, :func:`data_record`; for an older checkpoint without it, :func:`trained_on` infers it). Only
 tensors and plain Python data go in, so the safe unpickler loads it and a crafted file cannot run code.
 Checkpoints written before the loss had a state of its own carry the REINFORCE baseline as
 ``decoder.reward_baseline`` / ``decoder.baseline_updates`` in ``model``: :func:`model_and_loss_states`
@@ -15,6 +16,7 @@ separates them.
 from __future__ import annotations
 
 import dataclasses
+import json
 import pickle
 import re
 import zipfile
@@ -25,12 +27,17 @@ import torch
 
 from captioner.config import Config, apply_overrides, complete
 from captioner.core.files import atomic_write, file_sha256
+from captioner.data.config import DataConfig
+from captioner.data.shapes import shapes_info
 from captioner.data.vocabulary import Vocabulary
 from captioner.errors import CaptionerError
 from captioner.export.folder import CONFIG, is_export, read_export
 from captioner.models.captioner import Captioner, build_captioner
 
 LEGACY_LOSS_STATE = {"decoder.reward_baseline": "baseline", "decoder.baseline_updates": "baseline_updates"}
+SHAPES_KIND = "synthetic shapes"
+PHOTO_DATASETS = ("flickr30k", "flickr8k", "coco")     # the Karpathy split files' datasets, the longest name first
+KARPATHY_DATASET = re.compile(rb'"dataset"\s*:\s*"([\w .-]{1,64})"')
 
 
 def save_checkpoint(payload: dict, path: str | Path) -> None:
@@ -102,6 +109,61 @@ def checkpoint_folder(path: str | Path) -> Path:
     """Where a command writes what it finds about a checkpoint by default: the run folder holding the file, or the
     export folder itself."""
     return Path(path) if is_export(path) else Path(path).parent
+
+
+def data_record(data: DataConfig) -> dict | None:
+    """What a checkpoint records of the data its ``data`` section trains on: ``{"name", "kind"}``, e.g. ``{"name":
+    "shapes", "kind": "synthetic shapes"}`` (the shapes annotation's ``info``), ``{"name": "flickr8k", "kind":
+    "photos"}`` (a Karpathy split file's ``"dataset"``, else its file name), ``{"name": "coco", "kind": "photos"}`` or
+    ``{"name": None, "kind": "photos"}`` (another COCO-format captions file); None when the files do not tell."""
+    if data.format == "karpathy" and data.karpathy:
+        path = Path(data.karpathy)
+        stem = path.name.lower()
+        return {"name": _karpathy_dataset(path) or next((name for name in PHOTO_DATASETS if name in stem), None),
+                "kind": "photos"}
+    captions = Path(data.captions["train"]) if data.format == "coco" and data.captions.get("train") else None
+    if captions is None or not captions.is_file():
+        return None
+    if shapes_info(captions) is not None:
+        return {"name": "shapes", "kind": SHAPES_KIND}
+    description = str(_annotation_info(captions).get("description", "")).lower()
+    return {"name": "coco" if "coco" in captions.name.lower() or "coco" in description else None, "kind": "photos"}
+
+
+def _karpathy_dataset(path: Path) -> str | None:
+    """The ``"dataset"`` field of a Karpathy split file, read from its first and last kilobytes (it stands at one
+    end; the file can be hundreds of megabytes)."""
+    try:
+        with path.open("rb") as handle:
+            head = handle.read(4096)
+            handle.seek(max(0, path.stat().st_size - 4096))
+            tail = handle.read()
+    except OSError:
+        return None
+    found = KARPATHY_DATASET.search(head) or KARPATHY_DATASET.search(tail)
+    return found.group(1).decode().lower() if found else None
+
+
+def _annotation_info(path: Path) -> dict:
+    """The ``info`` block of a COCO-format annotation file, {} when it cannot be read."""
+    try:
+        content = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    info = content.get("info") if isinstance(content, dict) else None
+    return info if isinstance(info, dict) else {}
+
+
+def trained_on(payload: dict, config: Config) -> dict | None:
+    """The training data a checkpoint (or export) records (:func:`data_record`); for one written before the record,
+    inferred from its ``config`` when the data files it names are here, else None (unknown)."""
+    record = payload.get("trained_on")
+    return record if isinstance(record, dict) else data_record(config.data)
+
+
+def knows_only_shapes(record: dict | None) -> bool:
+    """Whether a model of the training data ``record`` (:func:`trained_on`) was trained on the synthetic shapes."""
+    return isinstance(record, dict) and record.get("kind") == SHAPES_KIND
 
 
 def model_and_loss_states(payload: dict) -> tuple[dict, dict]:

@@ -34,6 +34,7 @@ from captioner.commands import (
     serve,
     train,
 )
+from captioner.commands.options import check_line, required_after_parsing
 from captioner.errors import CaptionerError
 from captioner.version import __version__
 
@@ -48,7 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
     parser.add_argument("--version", action="version", version=f"captioner {__version__}",
                         help="print captioner's version and exit")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands",
+                                     help="captioner COMMAND --help: its arguments and options")
     for command in COMMANDS:
         command.add_parser(commands)
     return parser
@@ -64,15 +66,22 @@ def is_override(word: str) -> bool:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Parse the command line; ``section.key=value`` words are taken out first, wherever they stand, and
-    given to the commands that accept overrides (any other command refuses them)."""
+    given to the commands that accept overrides (any other command refuses them); then each command's checks of
+    the line as a whole run (:func:`captioner.commands.options.check_line`: ``--checkpoint``, the image files).
+    No command: the help on stderr, and exit status 2, argparse's for a missing argument."""
     argv = list(sys.argv[1:] if argv is None else argv)
     overrides = [word for word in argv if is_override(word)]
     parser = build_parser()
-    args = parser.parse_args([word for word in argv if not is_override(word)])
+    with required_after_parsing(parser):
+        args = parser.parse_args([word for word in argv if not is_override(word)])
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        raise SystemExit(2)
     if overrides:
         if not hasattr(args, "overrides"):
             parser.error(f"'{args.command}' takes no section.key=value overrides (got {overrides[0]})")
         args.overrides = list(args.overrides) + overrides
+    check_line(args)
     return args
 
 

@@ -284,15 +284,31 @@ def recipes() -> dict[str, Path]:
     return {path.stem: path for path in sorted(RECIPE_DIR.glob("*.yaml"))}
 
 
+def _outside_markup(text: str, end: int) -> bool:
+    """Whether position ``end`` of ``text`` is outside any backtick code span and any parentheses."""
+    head = text[:end]
+    return head.count("`") % 2 == 0 and head.count("(") <= head.count(")")
+
+
 def recipe_summary(path: Path, width: int = 100) -> str:
-    """The first sentence of a recipe's opening comment (what it trains), cut to ``width`` characters."""
+    """The first sentence of a recipe's opening comment (what it trains; it ends at a full stop or colon outside
+    parentheses and code spans), cut to ``width`` characters at a word boundary outside any backtick code span: the
+    docs' recipes table renders it as Markdown, where a span cut open would swallow the cells after it."""
     lines = []
     for line in path.read_text().splitlines():
         if not line.startswith("#"):
             break
         lines.append(line.lstrip("#").strip())
-    sentence = re.split(r"(?<=[.:])\s(?=[A-Z])", " ".join(lines), maxsplit=1)[0].rstrip(":")
-    return sentence if len(sentence) <= width else sentence[: width - 3].rstrip() + "..."
+    text = " ".join(lines)
+    ends = [match.start() for match in re.finditer(r"(?<=[.:])\s(?=[A-Z])", text)
+            if _outside_markup(text, match.start())]
+    sentence = text[: ends[0] if ends else len(text)].rstrip(":")
+    if len(sentence) <= width:
+        return sentence
+    cuts = [match.start() for match in re.finditer(r"\s", sentence[: width - 2])
+            if sentence.count("`", 0, match.start()) % 2 == 0]
+    head = sentence[: cuts[-1]] if cuts else sentence[: width - 3].replace("`", "")
+    return head.rstrip(" ,;:") + "..."
 
 
 def config_file(path: str | Path) -> Path:

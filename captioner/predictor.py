@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import torch
 from PIL import Image
 
-from captioner.checkpoint import load_model
+from captioner.checkpoint import knows_only_shapes, load_model, trained_on
 from captioner.data.images import image_transform, load_image
 from captioner.data.vocabulary import Vocabulary
 from captioner.decoding.ensemble import ensemble_of
@@ -80,17 +80,37 @@ def attention_maps(generation: Generation, grid: tuple[int, int], name: str = "a
     return None if maps is None else maps.reshape(-1, *grid)
 
 
+SHAPES_WARNING = ("this model was trained on the synthetic shapes and knows only coloured shapes, not photos; for "
+                  "photos, train one of the Flickr8k recipes that captioner config --list names (captioner data "
+                  "flickr8k prepares their data)")
+"""What a model of the synthetic shapes says when it is given other images (:meth:`Predictor.data_warning`)."""
+
+
+def check_image_size(size: tuple[int, int], grid: tuple[int, int], name: str) -> None:
+    """Raise :class:`~captioner.errors.ImageError` (naming ``name``) for an image of ``size`` (width, height) with
+    fewer pixels along a side than the encoder's region ``grid`` (gh, gw) has regions: stretched to the encoder's
+    input, its regions would repeat the same pixels (a 1x1 image: one colour everywhere), so its attention could
+    point at nothing and its caption would describe nothing that is in it."""
+    (width, height), (rows, columns) = size, grid
+    if width < columns or height < rows:
+        raise ImageError(f"{name}: {width}x{height} pixels is too small to caption (this model needs at least "
+                         f"{columns}x{rows}, a pixel for each region of its {rows}x{columns} grid)")
+
+
 class Predictor:
     """A trained captioner prepared for captioning (see the module's docstring). ``decode_config`` is the ``decode``
-    section every call uses unless it passes its own; ``max_pixels``, the largest image it reads."""
+    section every call uses unless it passes its own; ``max_pixels``, the largest image it reads; ``trained_on``, the
+    training data's name and kind (:func:`captioner.checkpoint.trained_on`; None: unknown)."""
 
     def __init__(self, model: Captioner, vocab: Vocabulary, config: Config, *,
-                 decode_config: DecodeConfig | None = None, max_pixels: int | None = None):
+                 decode_config: DecodeConfig | None = None, max_pixels: int | None = None,
+                 trained_on: dict | None = None):
         self.model, self.vocab, self.config = model.eval(), vocab, config
         self.decode_config = decode_config or DecodeConfig.of(config)
         self.decode_config.check()
         self.max_pixels = max_pixels or config.data.max_pixels
         self.transform = image_transform(model.encoder)
+        self.trained_on = trained_on
 
     @classmethod
     def load(cls, checkpoints: str | Path | Sequence[str | Path], *, device: str | torch.device = "cpu",
@@ -122,8 +142,9 @@ class Predictor:
         if config.decode.compile and runtime == "torch":
             compile_decoder(model.decoder, mode="reduce-overhead" if model.device.type == "cuda" else None,
                             targets=("step",))
+        records = [trained_on(payload, member_config) for _, _, member_config, payload in loaded]
         return cls(model, vocab, config, decode_config=DecodeConfig.of(config, beam=beam, n_best=n_best),
-                   max_pixels=max_pixels)
+                   max_pixels=max_pixels, trained_on=next(filter(knows_only_shapes, records), records[0]))
 
     @property
     def grid(self) -> tuple[int, int]:
@@ -139,6 +160,20 @@ class Predictor:
     def device(self) -> torch.device:
         return self.model.device
 
+    def data_warning(self, images: Sequence[str | Path | Image.Image] | None = None) -> str | None:
+        """The one line to warn a user with when a model trained on the synthetic shapes is given ``images`` (None:
+        images not known yet, such as a server's uploads) that are not the shapes data's own, else None. The
+        shapes data's own are the files under the image folders its config names (``data.images``,
+        ``data.image_root``): there the model is where it belongs."""
+        if not knows_only_shapes(self.trained_on):
+            return None
+        data = self.config.data
+        folders = [Path(folder).resolve() for folder in (*data.images.values(), data.image_root) if folder]
+        if images is not None and all(not isinstance(image, Image.Image) and any(
+                Path(image).resolve().is_relative_to(folder) for folder in folders) for image in images):
+            return None
+        return SHAPES_WARNING
+
     def with_decoding(self, **changes) -> Predictor:
         """This predictor (the same model, not a copy) with settings of its ``decode`` section changed (None values
         ignored): ``predictor.with_decoding(beam=1)``."""
@@ -151,8 +186,10 @@ class Predictor:
 
     def preprocess(self, image: str | Path | Image.Image) -> torch.Tensor:
         """One image file (or PIL image) as the encoder's input: (3, H, W) floats in [0, 1]. Raises
-        :class:`~captioner.errors.ImageError` for a file that cannot be read or holds more than ``max_pixels``."""
+        :class:`~captioner.errors.ImageError` for a file that cannot be read, holds more than ``max_pixels`` or is
+        too small to caption (:func:`check_image_size`: a 1x1 image)."""
         picture = image.convert("RGB") if isinstance(image, Image.Image) else load_image(image, max_pixels=self.max_pixels)
+        check_image_size(picture.size, self.grid, "image" if isinstance(image, Image.Image) else str(image))
         return self.transform(picture)
 
     @torch.inference_mode()
@@ -217,7 +254,7 @@ def _onnx_model(path: Path, model: Captioner, payload: dict) -> Captioner:
 
     if "export" not in payload:
         raise CaptionerError(f"{path}: runtime onnx needs an export folder made with --onnx "
-                             "(captioner export CKPT --out DIR --onnx), not a checkpoint file")
+                             "(captioner export --checkpoint CKPT --out DIR --onnx), not a checkpoint file")
     return onnx_captioner(path, payload["export"], model)
 
 

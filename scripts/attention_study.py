@@ -4,12 +4,14 @@ as the LSTM on them? The two studies behind the Flickr recipes (their history: C
 Each variant is the Flickr recipe as it was before the study (``configs/flickr8k_soft.yaml`` with ``BEFORE``:
 VGG-19 conv5_4 14x14x512, cached, lambda 1 per caption) with
 a few overrides, trained for the same number of epochs (``--epochs``, the 10-minute budget of a 2-core
-CPU) on the 700 training photos of ``../shared/data/flickr8k-800``, then
+CPU) on the recipe's 700 training photos (the first 700 of ``data/flickr8k``, which ``captioner data flickr8k --root
+data/flickr8k`` makes; the study itself ran on an earlier 800-photo development subset, other photos), then
 
 * scored on its 100 validation photos (beam 3): BLEU-4, METEOR, CIDEr and the attention statistics of
   :mod:`captioner.evaluation.attention_stats` (entropy, peak as a multiple of uniform);
-* grounded on ``../shared/data/coco-mini`` (80 COCO photos with the official instance masks): pointing
-  accuracy of words naming COCO categories, against the uniform and centre baselines.
+* grounded on coco-mini (``$CAPTIONER_COCO_MINI``, default ``data/coco-mini``: COCO photos with the official
+  instance masks, see ``scripts/coco_mini.py``): pointing accuracy of words naming COCO categories, against the
+  uniform and centre baselines.
 
     python scripts/attention_study.py --variants baseline word --seeds 0      # two variants, seed 0
     python scripts/attention_study.py --table                                 # the table of what has run

@@ -1,5 +1,9 @@
-"""coco-mini, the 80 COCO photos with their official captions and instance masks beside the checkout
-(``../shared/data/coco-mini``, research use, never committed), as the studies read it: split ``test`` of a config.
+"""coco-mini, a few COCO 2017 train photos with their official captions and instance masks (research use, never
+committed), as the studies read it: split ``test`` of a config. It is the folder named by the environment variable
+``CAPTIONER_COCO_MINI`` (default ``data/coco-mini`` in the checkout), laid out as COCO ships it:
+``annotations/captions_train2017.json``, ``annotations/instances_train2017.json`` and the photos in ``train2017/``.
+Any COCO 2017 folder of that layout will do, ``captioner data coco --root data/coco --year 2017``'s too (all
+118,287 photos: slow); the studies that ground on it skip the grounding when the folder is absent.
 
     from coco_mini import COCO_MINI, coco_mini_features, coco_mini_overrides     # in a script of this folder
 """
@@ -7,9 +11,10 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
-COCO_MINI = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "coco-mini"
+COCO_MINI = Path(os.environ.get("CAPTIONER_COCO_MINI") or Path(__file__).resolve().parent.parent / "data" / "coco-mini")
 
 
 def coco_mini_features(features: str | Path) -> str:

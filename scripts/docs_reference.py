@@ -47,10 +47,11 @@ def argument_row(action: argparse.Action) -> str:
     else:
         written = f"`{action.metavar or action.dest}`" + (" ..." if action.nargs in ("+", "*") else "")
     required = action.required and action.option_strings
-    if action.nargs == 0 or action.default in (None, argparse.SUPPRESS):
+    shown = " ".join(map(str, action.default)) if isinstance(action.default, list) else str(action.default)
+    if action.nargs == 0 or action.default in (None, argparse.SUPPRESS) or not shown:   # `` would show as such
         default = "required" if required else ""
     else:
-        default = f"`{' '.join(map(str, action.default)) if isinstance(action.default, list) else action.default}`"
+        default = f"`{shown}`"
     meaning = action.help or ""
     if action.choices and not isinstance(action, argparse._SubParsersAction):
         meaning = (meaning + "; " if meaning else "") + "one of " + ", ".join(f"`{c}`" for c in action.choices)

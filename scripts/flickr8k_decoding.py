@@ -1,5 +1,6 @@
 """The effect of each decoding option on real photos: the Flickr recipe's model (scripts/flickr8k_dev.sh,
-runs/flickr8k_soft/best.pt) decodes the 100 validation photos of ../shared/data/flickr8k-800 with each setting
+runs/flickr8k_soft/best.pt) decodes its 100 validation photos (the first 100 of data/flickr8k, which captioner data
+flickr8k --root data/flickr8k makes; the study itself ran on an earlier 800-photo subset) with each setting
 below, and a table of BLEU-4, METEOR, CIDEr and the diversity measures is printed (the history of
 the decoding options: CHANGELOG.md). The ensemble needs a second seed of the recipe, trained here when missing
 (runs/flickr8k_soft_seed1, about 10 minutes on 2 cores).

@@ -1,8 +1,8 @@
 """Ensembles of the Flickr8k study's runs (``scripts/flickr8k_study.py``): their best checkpoints decoded together
 (each step averages the members' word probabilities: ``captioner.decoding.ensemble``) and scored on all 1,000
-validation photos, as ``captioner evaluate A.pt B.pt ...`` does. Each ensemble is written, with its members, their
-summed training time from the study's JSON and the machine, into ``benchmarks/results/flickr8k_ensembles.json``
-beside the ensembles scored before (those scored with other versions of the code are dropped, and named); the
+validation photos, as ``captioner evaluate --checkpoint A.pt --checkpoint B.pt ...`` does. Each ensemble is
+written, with its members, their summed training time from the study's JSON and the machine, into
+``benchmarks/results/flickr8k_ensembles.json`` beside the ensembles scored before (those scored with other versions of the code are dropped, and named); the
 docs' results page renders it. The members' checkpoints must still be in ``runs/flickr8k_full`` (they are never
 committed).
 

@@ -1,12 +1,13 @@
 """The paper's own benchmark: soft against hard against no attention (and the Transformer) on the full Flickr8k
-(6,000 training and 1,000 validation photos of ``../shared/data/flickr8k``, VGG-19 conv5_4 features, 14 x 14 x 512),
-beside Xu et al. (2015), Table 1.
+(6,000 training and 1,000 validation photos of ``data/flickr8k``, the recipes' own data, which ``captioner data
+flickr8k --root data/flickr8k`` makes; VGG-19 conv5_4 features, 14 x 14 x 512), beside Xu et al. (2015), Table 1.
 
 Each run trains a shipped recipe (``flickr8k_full_soft``, ``flickr8k_full_hard``, ``flickr8k_full_transformer``),
 or its no-attention ablation, with one seed; scores its best checkpoint on all 1,000 validation photos (beam and
 decoding of the recipe): BLEU-1..4, METEOR, ROUGE-L, CIDEr, the words used, distinct captions, repeated bigrams,
-attention entropy and peak; grounds its attention on ``../shared/data/coco-mini`` (80 COCO photos with their
-instance masks: pointing, mass in the mask, against a uniform map and the image centre); and writes all of it, with
+attention entropy and peak; grounds its attention on coco-mini (``$CAPTIONER_COCO_MINI``, default
+``data/coco-mini``: COCO photos with their instance masks, see ``scripts/coco_mini.py``: pointing, mass in the
+mask, against a uniform map and the image centre); and writes all of it, with
 the machine and the training time (wall, and CPU seconds of all its threads, which other work on the machine
 barely moves), into ``benchmarks/results/flickr8k_full.json`` beside the runs saved before (one entry per recipe,
 ablation and seed), which the docs' results page renders as one table with the paper's rows. A study that spans

@@ -15,7 +15,8 @@ attention score; a soft one is read as hard):
 * ``runs``: finished training runs side by side (hard variants and their soft control, trained by ``captioner
   train`` with the overrides each run's ``config.yaml`` records against its recipe): validation scores per epoch
   (the subset decoded during training), then the best checkpoint on all validation photos with each decoding,
-  and its pointing on ``../shared/data/coco-mini`` (the COCO photos with instance masks).
+  and its pointing on coco-mini (``$CAPTIONER_COCO_MINI``, default ``data/coco-mini``: COCO photos with instance
+  masks, see ``scripts/coco_mini.py``).
 
 ``snr`` and ``runs`` write their result to ``benchmarks/results/`` (``--save NAME``), whose tables the docs show;
 ``decode`` prints one JSON object per line.

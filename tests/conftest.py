@@ -204,3 +204,17 @@ def served_checkpoints(tiny_coco, tmp_path_factory):
     return shared_by_workers(tmp_path_factory, "served", lambda root: {
         name: train(tiny_config(tiny_coco, root / name, train={"epochs": 1}, **sections))["checkpoint"]
         for name, sections in runs.items()})
+
+
+@pytest.fixture(scope="session")
+def shapes_checkpoint(tmp_path_factory):
+    """A checkpoint trained for a few seconds on a tiny shapes dataset (12 images of 32x32 px, made as `captioner data
+    shapes` makes them), in its run folder beside the data: ``data/images/{train,val,test}/*.png``."""
+    from captioner.data.shapes import generate_shapes
+    from captioner.training.engine import train
+
+    def build(root):
+        generate_shapes(root / "data", seed=1, num_images=12, image_size=32)
+        return train(tiny_config(root / "data", root / "run", train={"epochs": 1}), progress=False)["checkpoint"]
+
+    return Path(shared_by_workers(tmp_path_factory, "shapes_run", build))

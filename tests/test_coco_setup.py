@@ -345,7 +345,8 @@ def test_data_coco_then_train_and_evaluate_through_the_command_line(server, tmp_
             f"data.vocab={root}/vocab.json", "data.features=null"]
     assert main(["train", str(config), *data, "--no-wandb"]) == 0
     instances = "data.instances=" + json.dumps({"test": str(root / "instances_valtest.json")})
-    assert main(["evaluate", str(tmp_path / "run" / "best.pt"), instances, "--split", "test", "--beam", "2",
+    assert main(["evaluate", "--checkpoint", str(tmp_path / "run" / "best.pt"), instances, "--split", "test",
+                 "--beam", "2",
                  "--out", str(tmp_path / "run"), "--device", "cpu"]) == 0
     scores = json.loads((tmp_path / "run" / "scores_test.json").read_text())
     assert scores["images"] == 2 and "CIDEr" in scores and scores["grounding"]["images_grounded"] == 2

@@ -190,6 +190,40 @@ def test_karpathy_reader_restval_joins_train(tmp_path):
         read_split(config, "val")
 
 
+def test_max_train_and_val_images_keep_the_first_images_of_the_file_and_leave_test_whole(tmp_path):
+    images = [{"filepath": "images", "filename": f"{split}{k}.jpg", "imgid": 10 * n + k, "split": split,
+               "sentences": [{"raw": f"photo {k}"}]}
+              for n, split in enumerate(("val", "train", "test")) for k in (3, 1, 2)]
+    (tmp_path / "dataset_flickr8k.json").write_text(json.dumps({"images": images}))
+    config = DataConfig(format="karpathy", karpathy=str(tmp_path / "dataset_flickr8k.json"), image_root=str(tmp_path),
+                        max_train_images=2, max_val_images=1)
+    assert [r.path.name for r in read_split(config, "train")] == ["train3.jpg", "train1.jpg"]    # file order, not sorted
+    assert [r.path.name for r in read_split(config, "val")] == ["val3.jpg"]
+    assert len(read_split(config, "test")) == 3
+    whole = DataConfig(format="karpathy", karpathy=config.karpathy, image_root=str(tmp_path))
+    assert len(read_split(whole, "train")) == 3
+    quick = load_config("flickr8k_soft")
+    assert (quick.data.max_train_images, quick.data.max_val_images) == (700, 100)
+    full = load_config("flickr8k_full_soft")
+    assert quick.data.karpathy == full.data.karpathy == "data/flickr8k/dataset_flickr8k.json"
+    assert (full.data.max_train_images, full.data.max_val_images) == (None, None)
+
+
+@pytest.mark.parametrize("name,command", [
+    ("flickr8k/dataset_flickr8k.json", "captioner data flickr8k --root {root}/flickr8k"),
+    ("coco/dataset_coco.json", "captioner data coco --root {root}/coco")])
+def test_a_missing_split_file_names_the_command_that_makes_it(tmp_path, name, command):
+    config = DataConfig(format="karpathy", karpathy=str(tmp_path / name), image_root=str(tmp_path / name.split("/")[0]))
+    expected = (f"{tmp_path / name}: not found; make it with: {command.format(root=tmp_path)} "
+                "(or set data.karpathy and data.image_root)")
+    with pytest.raises(CaptionerError) as error:
+        read_split(config, "train")
+    assert str(error.value) == expected
+    other = DataConfig(format="karpathy", karpathy=str(tmp_path / "mine.json"), image_root=str(tmp_path))
+    with pytest.raises(CaptionerError, match=r"mine.json: not found; set data.karpathy and data.image_root$"):
+        read_split(other, "train")
+
+
 class FakeCache:
     def __init__(self, ids):
         self.ids, self.folder = set(ids), "cache"

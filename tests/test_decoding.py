@@ -227,7 +227,8 @@ def test_cli_n_best_json_ensembles_and_the_scores_file(tiny_coco, tmp_path, caps
     assert len(printed["attention"]["alpha"]) == len(printed["words"]) and printed["grid"] == [2, 2]
     assert main(["caption", image, "--checkpoint", one, "--checkpoint", two, "--device", "cpu"]) == 0
     assert capsys.readouterr().out.startswith(image)
-    assert main(["evaluate", one, two, "--split", "test", "--out", str(tmp_path / "ensemble"), "--n-best", "2",
+    assert main(["evaluate", "--checkpoint", one, "--checkpoint", two, "--split", "test",
+                 "--out", str(tmp_path / "ensemble"), "--n-best", "2",
                  "--device", "cpu", "decode.block_ngram=2"]) == 0
     scores = json.loads((tmp_path / "ensemble" / "scores_test.json").read_text())
     assert scores["decode"]["block_ngram"] == 2 and scores["decode"]["suppress_unk"] is True
@@ -236,5 +237,5 @@ def test_cli_n_best_json_ensembles_and_the_scores_file(tiny_coco, tmp_path, caps
     assert len(nbest) == 6 and all(len(item["beams"]) == 2 for item in nbest)
     other = train(tiny_config(tiny_coco, tmp_path / "c", train={"epochs": 1}, data={"vocab_max_size": 7}))["checkpoint"]
     capsys.readouterr()
-    assert main(["evaluate", one, other, "--split", "test", "--device", "cpu"]) == 1
+    assert main(["evaluate", "--checkpoint", one, "--checkpoint", other, "--split", "test", "--device", "cpu"]) == 1
     assert "an ensemble needs one vocabulary" in capsys.readouterr().err

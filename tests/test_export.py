@@ -38,7 +38,7 @@ def exports(served_checkpoints, tmp_path_factory):
     """The soft, hard and Transformer checkpoints exported (float32) with their ONNX graphs, through the command."""
     root = tmp_path_factory.mktemp("exports")
     for name in ("soft", "hard", "transformer"):
-        assert main(["export", served_checkpoints[name], "--out", str(root / name), "--onnx"]) == 0
+        assert main(["export", "--checkpoint", served_checkpoints[name], "--out", str(root / name), "--onnx"]) == 0
     return {name: root / name for name in ("soft", "hard", "transformer")}
 
 
@@ -188,24 +188,24 @@ def test_export_never_replaces_other_files_and_a_failed_export_leaves_nothing(se
     checkpoint = served_checkpoints["soft"]
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("keep me")
-    assert main(["export", checkpoint, "--out", str(tmp_path / "mine"), "--overwrite"]) == 1
+    assert main(["export", "--checkpoint", checkpoint, "--out", str(tmp_path / "mine"), "--overwrite"]) == 1
     assert "a folder of other files" in one_line_error(capsys)
     assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
     out = tmp_path / "model"
-    assert main(["export", checkpoint, "--out", str(out)]) == 0
+    assert main(["export", "--checkpoint", checkpoint, "--out", str(out)]) == 0
     before = (out / "config.json").read_bytes()
-    assert main(["export", checkpoint, "--out", str(out)]) == 1
+    assert main(["export", "--checkpoint", checkpoint, "--out", str(out)]) == 1
     assert "holds an export already (--overwrite replaces it)" in one_line_error(capsys)
 
     def fail(model, folder):
         raise CaptionerError("encoder.onnx: ONNX export failed (on purpose)")
 
     monkeypatch.setattr("captioner.export.onnx.export_onnx", fail)
-    assert main(["export", checkpoint, "--out", str(out), "--overwrite", "--onnx"]) == 1
+    assert main(["export", "--checkpoint", checkpoint, "--out", str(out), "--overwrite", "--onnx"]) == 1
     assert "on purpose" in one_line_error(capsys)
     assert (out / "config.json").read_bytes() == before and not (out / "encoder.onnx").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mine", "model"]      # no partial folder left behind
-    assert main(["export", str(out), "--out", str(tmp_path / "again")]) == 1
+    assert main(["export", "--checkpoint", str(out), "--out", str(tmp_path / "again")]) == 1
     assert "is an export already" in one_line_error(capsys)
 
 
@@ -248,6 +248,24 @@ def test_the_card_leaves_out_scores_of_another_checkpoint(evaluated_run, tmp_pat
     assert "No `captioner evaluate` scores of this checkpoint were found" in body and "| test |" not in body
 
 
+def test_the_export_carries_the_data_the_model_was_trained_on(evaluated_run, shapes_checkpoint, tmp_path, capsys):
+    _, photos, _ = evaluated_run
+    assert json.loads((photos / "config.json").read_text())["trained_on"] == {"name": None, "kind": "photos"}
+    assert main(["export", "--checkpoint", str(shapes_checkpoint), "--out", str(tmp_path / "shapes")]) == 0
+    described = json.loads((tmp_path / "shapes" / "config.json").read_text())
+    assert described["trained_on"] == {"name": "shapes", "kind": "synthetic shapes"}
+    card = (tmp_path / "shapes" / "README.md").read_text()
+    assert "license: mit" in card and "Data: captioner's synthetic shapes" in card
+    assert "knows nothing of photographs" in card
+    assert "captioner serve --checkpoint shapes" in card
+    assert Predictor.load(tmp_path / "shapes").trained_on == described["trained_on"]
+    image = tmp_path / "photo.png"
+    Image.new("RGB", (32, 32), "green").save(image)
+    capsys.readouterr()
+    assert main(["caption", str(image), "--checkpoint", str(tmp_path / "shapes")]) == 0
+    assert capsys.readouterr().err.startswith("captioner: warning: this model was trained on the synthetic shapes")
+
+
 def test_every_command_takes_an_export_folder(evaluated_run, tiny_coco, tmp_path, capsys):
     checkpoint, folder, scores = evaluated_run
     again = evaluate_checkpoint(folder, "test", progress=False, beam=scores["beam"])
@@ -269,6 +287,6 @@ def test_every_command_takes_an_export_folder(evaluated_run, tiny_coco, tmp_path
 
 def test_onnx_export_on_a_torch_too_old_for_it_is_one_line(served_checkpoints, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr("torch.__version__", "2.10.0+cpu")
-    assert main(["export", served_checkpoints["soft"], "--out", str(tmp_path / "old"), "--onnx"]) == 1
+    assert main(["export", "--checkpoint", served_checkpoints["soft"], "--out", str(tmp_path / "old"), "--onnx"]) == 1
     assert "ONNX export needs torch 2.11 or newer, this is 2.10.0+cpu" in one_line_error(capsys)
     assert list(tmp_path.iterdir()) == []

@@ -7,8 +7,10 @@ import torch
 from PIL import Image
 
 from captioner import Predictor
+from captioner.checkpoint import load_checkpoint
 from captioner.cli import main
 from captioner.models import captioner as registry
+from captioner.predictor import SHAPES_WARNING
 
 
 @pytest.fixture(scope="module")
@@ -95,3 +97,48 @@ def test_an_ensemble_and_other_settings_share_the_model(served_checkpoints, imag
     greedy = predictor.with_decoding(beam=1)
     assert greedy.model is predictor.model and (greedy.decode_config.beam, predictor.decode_config.beam) == (1, 3)
     assert registry.entry_of(predictor.model.decoder).label == "LSTM"
+
+
+def test_a_checkpoint_records_the_data_it_was_trained_on(shapes_checkpoint, served_checkpoints, tmp_path):
+    assert load_checkpoint(shapes_checkpoint)["trained_on"] == {"name": "shapes", "kind": "synthetic shapes"}
+    assert load_checkpoint(served_checkpoints["soft"])["trained_on"] == {"name": None, "kind": "photos"}  # COCO format
+    assert Predictor.load(shapes_checkpoint).trained_on == {"name": "shapes", "kind": "synthetic shapes"}
+    # a checkpoint written before the record: inferred from the data its config names, unknown once they are gone
+    payload = load_checkpoint(shapes_checkpoint)
+    del payload["trained_on"]
+    torch.save(payload, tmp_path / "old.pt")
+    assert Predictor.load(tmp_path / "old.pt").trained_on == {"name": "shapes", "kind": "synthetic shapes"}
+    elsewhere = json.dumps({"train": str(tmp_path / "gone.json")})
+    assert Predictor.load(tmp_path / "old.pt", overrides=[f"data.captions={elsewhere}"]).trained_on is None
+
+
+def test_a_shapes_model_warns_once_when_given_other_images_than_the_shapes(shapes_checkpoint, served_checkpoints,
+                                                                             images, tmp_path, capsys):
+    assert main(["caption", *map(str, images[:3]), "--checkpoint", str(shapes_checkpoint)]) == 0
+    out, err = capsys.readouterr()
+    assert len(out.splitlines()) == 3 and err.splitlines() == [f"captioner: warning: {SHAPES_WARNING}"]
+    assert "synthetic shapes" in SHAPES_WARNING and "captioner config --list" in SHAPES_WARNING
+    assert "captioner data flickr8k" in SHAPES_WARNING
+    figure = tmp_path / "figure.png"
+    assert main(["attend", str(images[0]), "--checkpoint", str(shapes_checkpoint), "--out", str(figure)]) == 0
+    assert capsys.readouterr().err.count("warning") == 1 and figure.is_file()
+    own = sorted((shapes_checkpoint.parent.parent / "data" / "images").rglob("*.png"))[:3]   # the shapes data itself
+    assert main(["caption", *map(str, own), "--checkpoint", str(shapes_checkpoint)]) == 0
+    assert "warning" not in capsys.readouterr().err
+    assert main(["caption", str(images[0]), "--checkpoint", served_checkpoints["soft"]]) == 0   # trained on photos
+    assert "warning" not in capsys.readouterr().err
+
+
+def test_an_image_smaller_than_the_region_grid_is_refused_and_the_others_captioned(served_checkpoints, images,
+                                                                                  tmp_path, capsys):
+    # the encoder stretches any image to its input: one of 1x1 px would give every region the same colour
+    tiny = tmp_path / "pixel.png"
+    Image.new("RGB", (1, 1), "red").save(tiny)
+    assert main(["caption", str(images[0]), str(tiny), str(images[1]), "--checkpoint", served_checkpoints["soft"]]) == 1
+    out, err = capsys.readouterr()
+    assert [line.split(":")[0] for line in out.splitlines()] == [str(images[0]), str(images[1])]
+    assert err.splitlines() == [f"captioner: error: {tiny}: 1x1 pixels is too small to caption (this model needs at "
+                                "least 2x2, a pixel for each region of its 2x2 grid)"]
+    smallest = tmp_path / "two.png"
+    Image.new("RGB", (2, 2), "red").save(smallest)
+    assert Predictor.load(served_checkpoints["soft"]).caption([smallest])[0].error is None

@@ -72,7 +72,7 @@ def captioner_arguments(command: str) -> list[str] | None:
 
 @pytest.mark.parametrize("page,command", [(page, command) for page, command in every_shown_command()
                                           if captioner_arguments(command) is not None])
-def test_every_captioner_command_shown_parses(page, command):
+def test_every_captioner_command_shown_parses(page, command, capsys):
     arguments = [("train" if a == "COMMAND" else a) for a in without_optional_parts(captioner_arguments(command))]
     if not arguments:                                            # the command itself named in the prose
         return
@@ -92,6 +92,7 @@ def test_every_captioner_command_shown_parses(page, command):
         if stop.code != 0 or not {"--help", "--version"} & set(arguments):  # they exit 0 after printing
             pytest.fail(f"{page}: command does not parse: {command}")
         return
+    assert "deprecated" not in capsys.readouterr().err, f"{page}: {command}: an old form of the line"
     apply_overrides(Config(), getattr(args, "overrides", []))  # every setting shown exists
     for token in arguments:
         if token.endswith(".yaml"):

@@ -58,7 +58,7 @@ def test_cli_captions_good_images_and_names_each_bad_one(checkpoint, tmp_path, c
     rng = np.random.default_rng(0)
     rgb = Image.fromarray(rng.integers(0, 256, (40, 56, 3), dtype=np.uint8))
     good = {"rgb.png": rgb, "gray.png": rgb.convert("L"), "rgba.png": rgb.convert("RGBA"),
-            "palette.png": rgb.convert("P"), "cmyk.jpg": rgb.convert("CMYK"), "one_pixel.png": rgb.resize((1, 1)),
+            "palette.png": rgb.convert("P"), "cmyk.jpg": rgb.convert("CMYK"),
             "sixteen_bit.png": Image.fromarray((rng.integers(0, 65535, (40, 56))).astype(np.uint16))}
     for name, image in good.items():
         image.save(tmp_path / name)
@@ -71,7 +71,8 @@ def test_cli_captions_good_images_and_names_each_bad_one(checkpoint, tmp_path, c
     (tmp_path / "truncated.jpg").write_bytes((tmp_path / "whole.jpg").read_bytes()[:300])
     (tmp_path / "text.jpg").write_text("not an image\n")
     png_header_only(tmp_path / "bomb.png", 30_000, 30_000)  # 900 megapixels claimed, no pixel data
-    bad = ["empty.jpg", "truncated.jpg", "text.jpg", "bomb.png", "missing.png"]
+    rgb.resize((1, 1)).save(tmp_path / "one_pixel.png")     # readable, but every region of the grid would see one pixel
+    bad = ["empty.jpg", "truncated.jpg", "text.jpg", "bomb.png", "missing.png", "one_pixel.png"]
     paths = [str(tmp_path / name) for name in [*good, *bad]]
 
     capsys.readouterr()
@@ -85,6 +86,7 @@ def test_cli_captions_good_images_and_names_each_bad_one(checkpoint, tmp_path, c
     for line, name in zip(errors, bad):
         assert line.startswith(f"captioner: error: {tmp_path / name}: ")
     assert "pixels" in errors[3] and "limit" in errors[3]
+    assert "1x1 pixels is too small to caption" in errors[5]
 
     # The pixel limit is configurable: a 56x40 image is refused under a 1000-pixel limit.
     code = main(["caption", str(tmp_path / "rgb.png"), "--checkpoint", str(checkpoint), "--max-pixels", "1000"])
@@ -100,7 +102,8 @@ def test_evaluate_names_each_unreadable_image_scores_the_rest_and_exits_1(checkp
     (data / "images" / "test" / "301.png").unlink()
     images = f"data.images.test={data / 'images'}"
     capsys.readouterr()
-    assert main(["evaluate", str(checkpoint), "--split", "test", "--out", str(tmp_path / "eval"), images]) == 1
+    assert main(["evaluate", "--checkpoint", str(checkpoint), "--split", "test", "--out", str(tmp_path / "eval"),
+                 images]) == 1
     out = capsys.readouterr()
     scores = json.loads((tmp_path / "eval" / "scores_test.json").read_text())
     assert scores["images"] == 4 and sorted(map(Path, scores["unreadable_images"])) == [
@@ -109,11 +112,13 @@ def test_evaluate_names_each_unreadable_image_scores_the_rest_and_exits_1(checkp
     assert sum("skipped unreadable image" in r.getMessage() and "/test/30" in r.getMessage() for r in caplog.records) == 2
     for name in ("302.png", "303.png", "304.png", "305.png"):
         (data / "images" / "test" / name).unlink()
-    assert main(["evaluate", str(checkpoint), "--split", "test", "--out", str(tmp_path / "eval"), images]) == 1
+    assert main(["evaluate", "--checkpoint", str(checkpoint), "--split", "test", "--out", str(tmp_path / "eval"),
+                 images]) == 1
     (error,) = one_line_errors(capsys.readouterr().err)
     assert "no image of split 'test' could be read (6 unreadable" in error
     monkeypatch.setattr(Predictor, "generate", None)              # the file is checked before any decoding
-    assert main(["ground", str(checkpoint), "--split", "test", f"data.instances.test={tmp_path / 'nowhere.json'}"]) == 1
+    assert main(["ground", "--checkpoint", str(checkpoint), "--split", "test",
+                 f"data.instances.test={tmp_path / 'nowhere.json'}"]) == 1
     (error,) = one_line_errors(capsys.readouterr().err)
     assert error == f"captioner: error: {tmp_path / 'nowhere.json'}: instances file not found (data.instances)"
 
@@ -207,7 +212,7 @@ def test_a_device_torch_knows_but_this_machine_lacks_is_named_as_the_device(chec
     for device in ("mps", "cpu:3", "cuda:7" if torch.cuda.is_available() else "cuda"):
         assert main(["caption", str(image), "--checkpoint", str(checkpoint), "--device", device]) == 1
         (error,) = one_line_errors(capsys.readouterr().err)
-        assert error.startswith(f"captioner: error: run.device") and str(checkpoint) not in error
+        assert error.startswith("captioner: error: run.device") and str(checkpoint) not in error
 
 
 def test_checkpoint_of_another_architecture_or_vocabulary_gives_a_clear_message(checkpoint, tmp_path):
@@ -352,7 +357,7 @@ def test_an_output_that_cannot_be_written_is_one_line_and_the_old_file_stays(che
     assert main(["attend", str(image), "--checkpoint", str(checkpoint), "--out", str(image / "fig.png")]) == 1
     (error,) = one_line_errors(capsys.readouterr().err)
     assert error.endswith(f"{image} is a file, not a folder")
-    assert main(["evaluate", str(checkpoint), "--out", str(image)]) == 1
+    assert main(["evaluate", "--checkpoint", str(checkpoint), "--out", str(image)]) == 1
     (error,) = one_line_errors(capsys.readouterr().err)
     assert error == f"captioner: error: {image}: is a file, not a folder"
 
@@ -404,9 +409,9 @@ def test_unwritable_run_folder_is_one_clear_line(tiny_coco, tmp_path, capsys):
 
 
 def test_every_command_checks_overrides_the_same_way_wherever_they_stand(checkpoint, tmp_path, capsys):
-    for command in (["evaluate", str(checkpoint), "data.featurs=x", "--device", "cpu"],
-                    ["evaluate", str(checkpoint), "--split", "test", "data.featurs=x"],
-                    ["ground", str(checkpoint), "--split", "test", "data.featurs=x"],
+    for command in (["evaluate", "--checkpoint", str(checkpoint), "data.featurs=x", "--device", "cpu"],
+                    ["evaluate", "--checkpoint", str(checkpoint), "--split", "test", "data.featurs=x"],
+                    ["ground", "--checkpoint", str(checkpoint), "--split", "test", "data.featurs=x"],
                     ["caption", str(tmp_path / "x.png"), "--checkpoint", str(checkpoint), "data.featurs=x"],
                     ["train", str(checkpoint.parent / "config.yaml"), "--no-wandb", "data.featurs=x"]):
         assert main(command) == 1, command
@@ -418,7 +423,8 @@ def test_every_command_checks_overrides_the_same_way_wherever_they_stand(checkpo
 
 
 def test_overrides_after_options_reach_the_command(checkpoint, tmp_path, capsys):
-    assert main(["evaluate", str(checkpoint), "--split", "test", "--out", str(tmp_path), "--device", "cpu",
+    assert main(["evaluate", "--checkpoint", str(checkpoint), "--split", "test", "--out", str(tmp_path),
+                 "--device", "cpu",
                  "decode.max_length=2", "--beam", "1"]) == 0
     captions = json.loads((tmp_path / "captions_test.json").read_text())
     assert max(len(c["caption"].split()) for c in captions) <= 2

@@ -11,6 +11,7 @@ import struct
 import subprocess
 import sys
 import threading
+import unittest.mock
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -24,7 +25,8 @@ from fastapi.testclient import TestClient
 from PIL import Image
 
 from captioner.cli import main
-from captioner.serve.app import MAX_BEAM, create_app
+from captioner.predictor import SHAPES_WARNING
+from captioner.serve.app import MAX_BEAM, _run, create_app
 from captioner.serve.checkpoints import load_served_models
 from captioner.version import __version__
 from captioner.visualisation.attention_figure import upsample_attention
@@ -88,7 +90,9 @@ def test_models_health_and_openapi_describe_the_server(client, served):
     assert by_name["soft"]["vocab_size"] == len(served["soft"].vocab)
     assert models["max_beam"] == MAX_BEAM and models["max_upload_mb"] == UPLOAD_MB
     assert all(set(m) == {"name", "decoder", "attention", "encoder", "vocab_size", "grid", "image_size", "beam",
-                          "max_length", "max_pixels"} for m in models["models"])     # no file paths
+                          "max_length", "max_pixels", "trained_on", "warning"}
+               for m in models["models"])     # no file paths
+    assert all(m["trained_on"] == {"name": None, "kind": "photos"} and m["warning"] is None for m in models["models"])
     folder = str(Path(served["soft"].path).parent.parent)
     assert folder not in client.get("/api/models").text and folder not in client.get("/openapi.json").text
     assert client.get("/health").json() == {"status": "ok", "models": list(by_name), "queued": 0, "in_flight": 0}
@@ -257,28 +261,48 @@ def test_concurrent_requests_get_their_own_answers(client, images):
         assert answer["log_prob"] == pytest.approx(one["log_prob"], abs=1e-4)
 
 
+def test_a_model_of_the_synthetic_shapes_says_so_to_the_api_the_page_and_the_log(shapes_checkpoint, images, caplog):
+    served = load_served_models([shapes_checkpoint], torch.device("cpu"))
+    with TestClient(create_app(served), base_url=LOCAL) as client:
+        (model,) = client.get("/api/models").json()["models"]
+        assert model["trained_on"] == {"name": "shapes", "kind": "synthetic shapes"}
+        assert model["warning"] == SHAPES_WARNING
+        assert 'id="models-warning"' in client.get("/").text and "model.warning" in client.get("/static/app.js").text
+        assert post(client, images[0]).status_code == 200
+        tiny = io.BytesIO()
+        Image.new("RGB", (1, 1)).save(tiny, "PNG")
+        response = client.post("/api/caption", files={"image": ("pixel.png", tiny.getvalue(), "image/png")})
+        assert "pixel.png: 1x1 pixels is too small to caption" in assert_json_error(response)
+    listening = socket.create_server(("127.0.0.1", 0))
+    with caplog.at_level("WARNING", "captioner.serve.app"), unittest.mock.patch("uvicorn.Server.run"):
+        _run(create_app(served), listening, None)     # what serve does once its models are loaded
+    listening.close()
+    assert [record.getMessage() for record in caplog.records] == [f"run: {SHAPES_WARNING}"]
+
+
 def test_serve_command_user_errors_are_one_line(tmp_path, capsys, served_checkpoints):
-    assert main(["serve", str(tmp_path / "missing.pt")]) == 1
+    assert main(["serve", "--checkpoint", str(tmp_path / "missing.pt")]) == 1
     assert capsys.readouterr().err.strip() == f"captioner: error: {tmp_path / 'missing.pt'}: checkpoint not found"
     with socket.socket() as taken:      # the address is checked first, before any model loads
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        assert main(["serve", str(served_checkpoints["soft"]), "--port", str(port)]) == 1
+        assert main(["serve", "--checkpoint", str(served_checkpoints["soft"]), "--port", str(port)]) == 1
     assert capsys.readouterr().err.strip() == f"captioner: error: 127.0.0.1:{port}: cannot listen there (Address already in use)"
     for option, value in (("--port", "99999"), ("--max-wait-ms", "-5"), ("--max-upload-mb", "0"), ("--max-pixels", "0"),
                           ("--max-queue", "0"), ("--timeout-s", "0"), ("--allow-host", "evil example"),
                           ("--cors-origin", "localhost:3000"), ("--cors-origin", "http://x.org/page")):
         with pytest.raises(SystemExit) as refused:
-            main(["serve", str(served_checkpoints["soft"]), option, value])
+            main(["serve", "--checkpoint", str(served_checkpoints["soft"]), option, value])
         assert refused.value.code == 2 and f"argument {option}: must be" in capsys.readouterr().err
-    assert main(["serve", str(served_checkpoints["soft"]), "--token", "two words"]) == 1
+    assert main(["serve", "--checkpoint", str(served_checkpoints["soft"]), "--token", "two words"]) == 1
     assert "the token (--token or CAPTIONER_TOKEN) must be printable ASCII" in capsys.readouterr().err
 
 
 @pytest.mark.slow
 def test_serve_command_serves_the_page_and_the_api_on_loopback(served_checkpoints, images):
-    command = [sys.executable, "-m", "captioner", "serve", served_checkpoints["soft"], served_checkpoints["hard"],
+    command = [sys.executable, "-m", "captioner", "serve", "--checkpoint", served_checkpoints["soft"],
+               "--checkpoint", served_checkpoints["hard"],
                "--port", "0", "--max-batch", "4", "decode.max_length=6"]
     server = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: queue.Queue = queue.Queue()

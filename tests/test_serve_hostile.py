@@ -215,7 +215,7 @@ def test_a_token_guards_every_route_but_the_page(served, small_png):
 
 def test_listening_beyond_this_machine_without_a_token_warns(tmp_path, caplog, capsys, monkeypatch):
     """The warning comes once the address is bound, before the models load (here: none, so no port opens)."""
-    missing = [str(tmp_path / "missing.pt"), "--port", "0", "--decode-in", "thread"]
+    missing = ["--checkpoint", str(tmp_path / "missing.pt"), "--port", "0", "--decode-in", "thread"]
     assert main(["serve", *missing, "--host", "0.0.0.0"]) == 1
     assert "listening on 0.0.0.0, which other machines can reach, without a token" in caplog.text
     caplog.clear()
@@ -389,8 +389,8 @@ def decoding_child(pid: int) -> int:
 def command_server(served_checkpoints):
     """``captioner serve`` on 127.0.0.1 in a process of its own (one torch thread), with a token; yields
     ``(url, pid)``."""
-    command = [sys.executable, "-m", "captioner", "serve", str(served_checkpoints["soft"]), "--port", "0",
-               "--max-queue", "8", "--timeout-s", "30", "--token", TOKEN]
+    command = [sys.executable, "-m", "captioner", "serve", "--checkpoint", str(served_checkpoints["soft"]),
+               "--port", "0", "--max-queue", "8", "--timeout-s", "30", "--token", TOKEN]
     server = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                               env={**os.environ, "OMP_NUM_THREADS": "1"})
     lines: list[str] = []

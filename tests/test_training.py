@@ -249,8 +249,8 @@ def test_train_from_cached_features_then_cli_caption_and_evaluate(tiny_coco, tmp
     assert main(["attend", str(bad), "--checkpoint", checkpoint, "--out", str(figure),
                  "--instances", str(tmp_path / "instances.json")]) == 1
     capsys.readouterr()
-    assert main(["evaluate", checkpoint, "--split", "test", "--beam", "2", "--out", str(tmp_path / "eval"),
-                 "--device", "cpu"]) == 0
+    assert main(["evaluate", "--checkpoint", checkpoint, "--split", "test", "--beam", "2",
+                 "--out", str(tmp_path / "eval"), "--device", "cpu"]) == 0
     scores = json.loads((tmp_path / "eval" / "scores_test.json").read_text())
     assert {"BLEU-4", "METEOR", "ROUGE-L", "CIDEr"} <= scores.keys() and scores["images"] == 6
     results = json.loads((tmp_path / "eval" / "captions_test.json").read_text())
@@ -265,13 +265,14 @@ def test_train_from_cached_features_then_cli_caption_and_evaluate(tiny_coco, tmp
                                        "iscrowd": 0, "segmentation": [[0, 8, 16, 8, 16, 24, 0, 24]]}]}
     (tmp_path / "coco_instances.json").write_text(json.dumps(coco_instances))
     override = "data.instances=" + json.dumps({"test": str(tmp_path / "coco_instances.json")})
-    assert main(["evaluate", checkpoint, override, "--split", "test", "--beam", "2", "--out", str(tmp_path / "eval2"),
-                 "--device", "cpu"]) == 0
+    assert main(["evaluate", "--checkpoint", checkpoint, override, "--split", "test", "--beam", "2",
+                 "--out", str(tmp_path / "eval2"), "--device", "cpu"]) == 0
     scores = json.loads((tmp_path / "eval2" / "scores_test.json").read_text())
     assert scores["images"] == 6 and "CIDEr" in scores
     assert scores["grounding"]["images_grounded"] == 1 and scores["grounding"]["images_without_objects"] == 5
     capsys.readouterr()   # the model's attention while it reads image 300's two references: one shape word each
-    assert main(["ground", checkpoint, "--split", "test", "--references", "--instances", str(tmp_path / "instances.json"),
+    assert main(["ground", "--checkpoint", checkpoint, "--split", "test", "--references",
+                 "--instances", str(tmp_path / "instances.json"),
                  "--json", "--device", "cpu", "--out", str(tmp_path / "ground")]) == 0
     grounding = json.loads(capsys.readouterr().out)
     assert grounding["words"] == 2 and grounding["images_grounded"] == 1 and grounding["images_without_objects"] == 5

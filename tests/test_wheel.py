@@ -81,10 +81,10 @@ def test_the_installed_wheel_works_outside_the_repository(installed):
     checkpoint = cwd / "out" / "soft" / "best.pt"
     image = next((cwd / "data" / "images" / "test").glob("*.png"))
     captioned = run(["captioner", "caption", str(image), "--checkpoint", str(checkpoint)], cwd, env)
-    run(["captioner", "export", str(checkpoint), "--out", "exported"], cwd, env)
+    run(["captioner", "export", "--checkpoint", str(checkpoint), "--out", "exported"], cwd, env)
     assert run(["captioner", "caption", str(image), "--checkpoint", "exported"], cwd, env) == captioned
 
-    server = subprocess.Popen(["captioner", "serve", "exported", "--port", "0"], cwd=cwd, env=env,
+    server = subprocess.Popen(["captioner", "serve", "--checkpoint", "exported", "--port", "0"], cwd=cwd, env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=lambda: [lines.put(line) for line in server.stdout], daemon=True).start()

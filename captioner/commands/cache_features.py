@@ -13,9 +13,11 @@ def add_parser(commands) -> None:
     parser = commands.add_parser("cache-features", help="run the frozen encoder once and store region features")
     parser.add_argument("config", help=CONFIG_HELP)
     add_overrides(parser)
-    parser.add_argument("--splits", nargs="+", default=["train", "val", "test"])
+    parser.add_argument("--splits", nargs="+", default=["train", "val", "test"],
+                        help="the splits whose images are encoded (default: train val test)")
     parser.add_argument("--out", help="cache folder (default: data.features)")
-    parser.add_argument("--batch-size", type=positive_int, default=32)
+    parser.add_argument("--batch-size", type=positive_int, default=32,
+                        help="images encoded at once (default: 32; smaller needs less memory)")
     parser.add_argument("--dtype", choices=["float16", "float32"], default="float16",
                         help="precision of the stored features (float16 halves the disk and page-cache footprint)")
     parser.set_defaults(func=run)

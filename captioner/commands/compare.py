@@ -16,7 +16,8 @@ def add_parser(commands) -> None:
                         "again, which writes captions_SPLIT.json and scores_SPLIT.json into its folder as evaluate "
                         "does")
     parser.add_argument("--out", required=True, help="folder for report.md, report.html and the PNGs")
-    parser.add_argument("--split", default="test")
+    parser.add_argument("--split", default="test", help="the split every run is scored and captioned on "
+                        "(default: test)")
     parser.add_argument("--beam", type=int, default=None, help="beam size (default: each run's decode.beam)")
     parser.add_argument("--images", type=non_negative_int, default=3,
                         help="images of the split captioned by every run, with attention figures (0: none)")

@@ -1,4 +1,5 @@
-"""``captioner data shapes|vocab|coco``: generate the shapes dataset, build a config's vocabulary, set MS-COCO up."""
+"""``captioner data shapes|vocab|coco|flickr8k``: generate the shapes dataset, build a config's vocabulary, set MS-COCO
+or Flickr8k up."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ def add_parser(commands) -> None:
     vocab.add_argument("--out", help="vocabulary file to write (default: data.vocab)")
     vocab.set_defaults(func=run_vocab)
     add_coco_parser(datasets)
+    add_flickr8k_parser(datasets)
 
 
 def add_coco_parser(datasets) -> None:
@@ -40,6 +42,19 @@ def add_coco_parser(datasets) -> None:
                       help="a Karpathy split obtained by hand, tried first: dataset_coco.json, caption_datasets.zip "
                            "or the folder of BLIP's coco_karpathy_{train,val,test}.json (default: download it)")
     coco.set_defaults(func=run_coco)
+
+
+def add_flickr8k_parser(datasets) -> None:
+    flickr = datasets.add_parser("flickr8k", help="download and prepare Flickr8k for configs/flickr8k_*.yaml: photos, "
+                                 "captions, the official split (resumable; a second run only verifies)")
+    flickr.add_argument("--root", required=True, help="folder to set Flickr8k up in (the configs read data/flickr8k)")
+    flickr.add_argument("--from", dest="source", default=None, metavar="PATH",
+                        help="prepare from what you have, without the network: a folder with Flickr8k_Dataset.zip and "
+                             "Flickr8k_text.zip, with their unpacked contents, or with photos and a Karpathy-format "
+                             "dataset_flickr8k.json")
+    flickr.add_argument("--keep-zips", action="store_true",
+                        help="keep the downloaded zips in ROOT/downloads (default: each is deleted once unpacked)")
+    flickr.set_defaults(func=run_flickr8k)
 
 
 def run_shapes(args: argparse.Namespace) -> int:
@@ -65,4 +80,11 @@ def run_coco(args: argparse.Namespace) -> int:
     result = setup_coco(args.root, year=args.year, split=args.split, keep_zips=args.keep_zips,
                         karpathy_file=args.karpathy_file)
     print(format_summary(result))
+    return 0
+
+
+def run_flickr8k(args: argparse.Namespace) -> int:
+    from captioner.data.flickr8k_setup import format_summary, setup_flickr8k
+
+    print(format_summary(setup_flickr8k(args.root, source=args.source, keep_zips=args.keep_zips)))
     return 0

@@ -12,8 +12,10 @@ from captioner.commands.options import positive_int
 def add_parser(commands) -> None:
     parser = commands.add_parser("demo", help="the main job on the embedded shapes data: generate, train, evaluate, "
                                  "draw")
-    parser.add_argument("--out", default="runs/demo")
-    parser.add_argument("--data", default="data/shapes")
+    parser.add_argument("--out", default="runs/demo", help="folder of the runs, their figures and the report "
+                        "(default: runs/demo)")
+    parser.add_argument("--data", default="data/shapes", help="folder of the shapes data, generated there unless "
+                        "it holds the demo's set already (default: data/shapes)")
     parser.add_argument("--fast", action="store_true", help="a tiny run that only checks the pipeline")
     parser.add_argument("--seed", type=int, default=None, help="every run's run.seed (default: the configs', 0); "
                         "the shapes data stay the same")

@@ -1,18 +1,19 @@
-"""``captioner export CKPT --out DIR``: a checkpoint as an inference package (safetensors weights, ``config.json``,
-``vocab.json``, the model card; with ``--onnx`` the ONNX graphs), written by
+"""``captioner export --checkpoint CKPT --out DIR``: a checkpoint as an inference package (safetensors weights,
+``config.json``, ``vocab.json``, the model card; with ``--onnx`` the ONNX graphs), written by
 :func:`captioner.workflows.export.export_checkpoint`."""
 
 from __future__ import annotations
 
 import argparse
 
-from captioner.commands.options import add_overrides
+from captioner.commands.options import add_checkpoint, add_overrides
 
 
 def add_parser(commands) -> None:
     parser = commands.add_parser("export", help="a checkpoint as an inference package: safetensors weights, "
                                  "config.json, vocab.json, a model card (README.md); --onnx: ONNX graphs too")
-    parser.add_argument("checkpoint")
+    add_checkpoint(parser, "the trained checkpoint to export (one; a checkpoint file, not an export)",
+                   positional=True)
     add_overrides(parser, "overrides of the settings the export keeps, e.g. decode.beam=5")
     parser.add_argument("--out", required=True, help="the export folder (new or empty; an earlier export with "
                         "--overwrite)")

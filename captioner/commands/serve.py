@@ -8,7 +8,9 @@ import re
 from urllib.parse import urlsplit
 
 from captioner.commands.options import (
+    DEVICE_HELP,
     MAX_PIXELS_HELP,
+    add_checkpoint,
     add_overrides,
     non_negative_float,
     positive_float,
@@ -41,14 +43,16 @@ def origin(text: str) -> str:
 def add_parser(commands) -> None:
     parser = commands.add_parser("serve", help="a web page and JSON API: caption uploaded images, explore attention "
                                  "word by word")
-    parser.add_argument("checkpoints", nargs="+", metavar="CKPT", help="checkpoints to serve side by side, named by "
-                        "their run")
+    add_checkpoint(parser, "a trained checkpoint or export folder to serve; give it several times to serve them "
+                   "side by side, each named by its run folder (the export folder's own name)", several=True,
+                   positional=True)
     add_overrides(parser, "overrides of every checkpoint's config, e.g. decode.max_length=16")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: this machine only)")
-    parser.add_argument("--port", type=port, default=8000)
+    parser.add_argument("--port", type=port, default=8000, help="port to listen on (0: any free port, announced "
+                        "when the server starts; default: 8000)")
     parser.add_argument("--beam", type=positive_int, default=None, help="beam size when a request names none "
                         "(default: each config's decode.beam)")
-    parser.add_argument("--device", default="auto")
+    parser.add_argument("--device", default="auto", help=DEVICE_HELP)
     add_limit_options(parser)
     add_access_options(parser)
     parser.set_defaults(func=run)
@@ -91,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
     from captioner.serve.access import TOKEN_VARIABLE
     from captioner.serve.app import serve
 
-    serve(args.checkpoints, host=args.host, port=args.port, device=args.device, overrides=args.overrides,
+    serve(args.checkpoint, host=args.host, port=args.port, device=args.device, overrides=args.overrides,
           beam=args.beam, max_pixels=args.max_pixels, max_batch=args.max_batch, max_wait_ms=args.max_wait_ms,
           max_upload_mb=args.max_upload_mb, decode_in=args.decode_in, max_queue=args.max_queue,
           timeout_s=args.timeout_s, allow_hosts=args.allow_host, cors_origins=args.cors_origin,

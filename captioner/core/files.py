@@ -92,3 +92,13 @@ def read_json(path: str | Path, object_hook: Callable[[dict], object] | None = N
         raise CaptionerError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
     except OSError as err:
         raise CaptionerError(f"{path}: cannot read ({err.strerror})") from None
+
+
+def read_record(path: str | Path) -> dict:
+    """The JSON object an earlier run left in ``path`` (a set-up's record), ``{}`` when it is missing, unreadable or
+    not an object: such a record is redone, never an error."""
+    try:
+        record = read_json(path)
+    except CaptionerError:
+        return {}
+    return record if isinstance(record, dict) else {}

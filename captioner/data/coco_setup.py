@@ -32,7 +32,9 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from captioner.core.files import file_sha256, read_json, write_file
+from captioner.core.files import file_sha256, read_json, read_record, write_file
+from captioner.data.archives import Damaged, fetch_zip, open_zip
+from captioner.data.archives import human_bytes as _size
 from captioner.data.download import DownloadError, download, part_path
 from captioner.errors import CaptionerError
 
@@ -101,17 +103,6 @@ class Rejected(Exception):
 
 
 # ---------------------------------------------------------------------------------------------- sizes
-
-
-def _size(n: float) -> str:
-    """Bytes for people: ``13.5 GB``, ``0.25 GB``, ``12 MB``, ``3 kB``."""
-    if abs(n) >= 1e9:
-        return f"{n / 1e9:.1f} GB"
-    if abs(n) >= 1e8:
-        return f"{n / 1e9:.2f} GB"
-    if abs(n) >= 1e6:
-        return f"{n / 1e6:.0f} MB"
-    return f"{n / 1e3:.0f} kB" if abs(n) >= 1e3 else f"{n:.0f} bytes"
 
 
 def zip_url(name: str) -> str:
@@ -208,16 +199,9 @@ def check_disk(root: Path, steps: list[_Step], keep_zips: bool, outputs: bool) -
 # ---------------------------------------------------------------------------------------------- zips
 
 
-class _Damaged(Exception):
-    """A zip that cannot be read through: not a zip, a bad CRC, a truncated member."""
-
-
 def _unpack(zip_path: Path, root: Path, step: _Step) -> None:
     """Unpack ``zip_path`` into ``root`` through a temporary folder (see the module docstring)."""
-    try:
-        handle = zipfile.ZipFile(zip_path)
-    except (zipfile.BadZipFile, OSError) as err:
-        raise _Damaged(f"not a readable zip: {err}") from None
+    handle = open_zip(zip_path)
     tmp = root / f".{step.name}.unpacking"
     with handle:
         members = [info for info in handle.infolist() if not info.is_dir()]
@@ -238,12 +222,12 @@ def _unpack(zip_path: Path, root: Path, step: _Step) -> None:
                 handle.extract(info, tmp)
         except (zipfile.BadZipFile, zlib.error, EOFError, ValueError) as err:
             shutil.rmtree(tmp, ignore_errors=True)
-            raise _Damaged(str(err)) from None
+            raise Damaged(str(err)) from None
     if step.folder:
         found = count_jpgs(tmp / step.folder)
         if found != ARCHIVES[step.name].images:
             shutil.rmtree(tmp, ignore_errors=True)
-            raise _Damaged(f"{found:,} images unpacked, {ARCHIVES[step.name].images:,} expected")
+            raise Damaged(f"{found:,} images unpacked, {ARCHIVES[step.name].images:,} expected")
         target, old = root / step.folder, root / f".{step.folder}.incomplete"
         if target.exists():
             os.replace(target, old)
@@ -257,25 +241,10 @@ def _unpack(zip_path: Path, root: Path, step: _Step) -> None:
 
 
 def _fetch_zip(root: Path, step: _Step, keep_zips: bool) -> dict:
-    """Download (resumably) and unpack one zip; a damaged one is deleted and downloaded once more."""
+    """Download (resumably) and unpack one zip (:func:`~captioner.data.archives.fetch_zip`: a damaged one is deleted
+    and downloaded once more)."""
     url, zip_path = zip_url(step.name), root / "downloads" / step.name
-    downloaded = 0
-    for attempt in (1, 2):
-        had = zip_path.stat().st_size if zip_path.exists() else (part_path(zip_path).stat().st_size
-                                                                    if part_path(zip_path).exists() else 0)
-        if not zip_path.exists():
-            log.info("downloading %s into %s", url, zip_path.parent)
-        download(url, zip_path)
-        downloaded += max(zip_path.stat().st_size - had, 0)
-        try:
-            _unpack(zip_path, root, step)
-            break
-        except _Damaged as err:
-            zip_path.unlink(missing_ok=True)
-            if attempt == 2:
-                raise CaptionerError(f"{zip_path}: damaged zip ({err}) again after a fresh download from {url}; "
-                                     "deleted: run the command again later (a network, disk or server fault)") from None
-            log.warning("%s: damaged zip (%s): deleted, downloading it again", zip_path, err)
+    downloaded = fetch_zip(url, zip_path, lambda path: _unpack(path, root, step))
     if not keep_zips:
         zip_path.unlink()
     return {"source": url, "downloaded_bytes": downloaded}
@@ -410,7 +379,8 @@ def _fetch_source(source: KarpathySource, downloads: Path) -> tuple[dict, bytes 
 def obtain_karpathy(root: str | Path, karpathy_file: str | Path | None = None, keep_downloads: bool = False) -> dict:
     """The Karpathy split as ``ROOT/dataset_coco_karpathy.json``, from the first source that passes
     :func:`check_karpathy`: ``karpathy_file``, the file already there, then :data:`KARPATHY_SOURCES`.
-    Returns ``{"data", "source", "counts", "reused"}`` (reused: the file already there). When every source fails, one line names each with the reason."""
+    Returns ``{"data", "source", "counts", "reused"}`` (reused: the file already there). When every source fails,
+    one line names each with the reason."""
     root = Path(root)
     target, downloads = root / KARPATHY_FILE, root / "downloads"
     candidates = []             # (name, load, whether it is the target itself)
@@ -541,14 +511,6 @@ def _digest(paths: list[Path]) -> dict[str, str]:
     return {path.name: file_sha256(path) for path in paths}
 
 
-def _previous(root: Path) -> dict:
-    try:
-        record = read_json(root / RECORD)
-    except CaptionerError:
-        return {}
-    return record if isinstance(record, dict) else {}
-
-
 def _outputs_current(root: Path, previous: dict, settings: dict, inputs: dict) -> bool:
     """Whether the outputs in ``root`` are those ``coco_setup.json`` records for these settings and inputs."""
     if not previous or previous.get("settings") != settings or previous.get("inputs") != inputs:
@@ -566,8 +528,8 @@ def _write_outputs(root: Path, year: int, split: str, images: list[dict]) -> dic
     write_file(root / "dataset_coco.json", json.dumps({"dataset": "coco", "year": year, "split": split,
                                                        "images": images}))
     instances = write_instances(root, year, images, root / "instances_valtest.json")
-    data = DataConfig(format="karpathy", karpathy=str(root / "dataset_coco.json"), image_root=str(root), restval="train",
-                      vocab=str(root / "vocab.json"), vocab_min_count=VOCAB_MIN_COUNT,
+    data = DataConfig(format="karpathy", karpathy=str(root / "dataset_coco.json"), image_root=str(root),
+                      restval="train", vocab=str(root / "vocab.json"), vocab_min_count=VOCAB_MIN_COUNT,
                       max_caption_length=MAX_CAPTION_LENGTH)
     vocabulary = vocabulary_report(data)
     counts = {}
@@ -616,7 +578,7 @@ def setup_coco(root: str | Path, year: int = 2014, split: str = "karpathy", keep
     if root.exists() and not root.is_dir():
         raise CaptionerError(f"{root}: a file, not a folder (--root)")
     root.mkdir(parents=True, exist_ok=True)
-    previous = _previous(root)
+    previous = read_record(root / RECORD)
 
     steps = _plan(root, year)
     needed = check_disk(root, steps, keep_zips, outputs=not previous)
@@ -670,7 +632,8 @@ def next_commands(root: str | Path) -> list[str]:
     if root.resolve() != CONFIG_ROOT.resolve():
         instances = str(root / "instances_valtest.json")
         overrides = " " + " ".join(shlex.quote(o) for o in (
-            f"data.karpathy={root / 'dataset_coco.json'}", f"data.image_root={root}", f"data.vocab={root / 'vocab.json'}",
+            f"data.karpathy={root / 'dataset_coco.json'}", f"data.image_root={root}",
+            f"data.vocab={root / 'vocab.json'}",
             "data.instances=" + json.dumps({"val": instances, "test": instances}),
             f"data.features={root / 'features_vgg19'}"))
     return [f"captioner train coco_soft{overrides}",

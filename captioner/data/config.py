@@ -24,6 +24,10 @@ class DataConfig:
     image_root: str | None = setting(None, "karpathy: folder that each entry's filepath/filename is relative to",
                                      affects_results=False)
     restval: str = setting("train", "karpathy: the split that 'restval' images join", choices=("train", "val", "test"))
+    max_train_images: int | None = setting(None, "only the first N train images, in the order read (a Karpathy "
+                                                 "file's order; COCO: by image id); None = all", minimum=1)
+    max_val_images: int | None = setting(None, "only the first N val images, as max_train_images; None = all",
+                                         minimum=1)
     features: str | None = setting(None, "feature cache folder (captioner cache-features); None = raw images",
                                    affects_results=False)
     vocab: str | None = setting(None, "a vocabulary file (captioner data vocab); None = built from the train split",

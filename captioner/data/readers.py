@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -144,6 +145,33 @@ def read_splits(data_config: DataConfig, splits: Sequence[str]) -> dict[str, lis
         release_freed_memory()
 
 
+# The command that makes a data file a config names, by the file's name; {root}: the folder it makes.
+MADE_BY = ((re.compile(r"dataset_flickr8k\.json"), "captioner data flickr8k --root {root}", 0),
+           (re.compile(r"dataset_coco\.json"), "captioner data coco --root {root}", 0),
+           (re.compile(r"captions_(train|val)2014\.json"), "captioner data coco --root {root}", 1),
+           (re.compile(r"captions_(train|val)2017\.json"), "captioner data coco --root {root} --year 2017", 1))
+
+
+def require_data(path: str | Path, settings: str) -> None:
+    """One line when a caption or split file a config's ``data`` section names is not there: the ``captioner data``
+    command that makes it (judged by its name) and the ``settings`` that name it otherwise. (Image folders are not
+    required: a run from cached features reads none.)"""
+    path = Path(path)
+    if path.exists():
+        return
+    for pattern, command, up in MADE_BY:
+        if pattern.fullmatch(path.name):
+            root = path.parents[up]
+            raise CaptionerError(f"{path}: not found; make it with: {command.format(root=root)} (or set {settings})")
+    raise CaptionerError(f"{path}: not found; set {settings}")
+
+
+def _first(records: list[ImageRecord], split: str, data_config: DataConfig) -> list[ImageRecord]:
+    """``records`` cut to ``data.max_train_images`` / ``data.max_val_images`` for those splits."""
+    limit = {"train": data_config.max_train_images, "val": data_config.max_val_images}.get(split)
+    return records[:limit] if limit else records
+
+
 def _read_splits(data_config: DataConfig, splits: Sequence[str]) -> dict[str, list[ImageRecord]]:
     if data_config.format == "coco":
         out = {}
@@ -151,17 +179,20 @@ def _read_splits(data_config: DataConfig, splits: Sequence[str]) -> dict[str, li
             captions, images = data_config.captions, data_config.images
             if split not in captions or split not in images:
                 raise CaptionerError(f"config: data.captions and data.images need an entry for split '{split}'")
-            out[split] = read_coco_captions(captions[split], images[split], split)
+            require_data(captions[split], "data.captions and data.images")
+            out[split] = _first(read_coco_captions(captions[split], images[split], split), split, data_config)
             if not out[split]:
                 raise CaptionerError(f"{captions[split]}: no captioned images in split '{split}'")
         return out
     if data_config.format == "karpathy":
         if not data_config.karpathy or not data_config.image_root:
             raise CaptionerError("config: data.format=karpathy needs data.karpathy and data.image_root")
+        require_data(data_config.karpathy, "data.karpathy and data.image_root")
         out = read_karpathy_splits(data_config.karpathy, data_config.image_root, splits, data_config.restval)
         for split, records in out.items():
             if not records:
                 raise CaptionerError(f"{data_config.karpathy}: no images in split '{split}'")
+            out[split] = _first(records, split, data_config)
         return out
     raise CaptionerError(f"config: data.format must be coco or karpathy, not {data_config.format!r}")
 
@@ -173,6 +204,7 @@ def available_splits(data_config: DataConfig) -> list[str]:
     """The splits of :data:`SPLITS` that the ``data`` section describes: those with captions and images (coco),
     or those the split file holds images of (karpathy; ``restval`` counted where it goes)."""
     if data_config.format == "karpathy" and data_config.karpathy:
+        require_data(data_config.karpathy, "data.karpathy and data.image_root")
         data = read_json(data_config.karpathy)
         _require(data, ("images",), str(data_config.karpathy))
         found = {data_config.restval if entry.get("split") == "restval" else entry.get("split")

@@ -5,7 +5,7 @@
                         stored once and named in config.json
     config.json         what captioner needs to rebuild the model: the ``model``, ``encoder``, ``decode`` and
                         ``data`` settings, the vocabulary size, the encoder's sizes (``regions``), the weights'
-                        dtype and SHA-256, the versions
+                        dtype and SHA-256, the versions, the training data's name and kind (``trained_on``)
     vocab.json          the word list, index = position (the format of ``data.vocab`` files)
     README.md           the model card (:mod:`captioner.workflows.model_card`)
     *.onnx              with ``--onnx`` (:mod:`captioner.export.onnx`)
@@ -62,19 +62,20 @@ def write_weights(state: dict[str, torch.Tensor], path: Path, dtype: str) -> dic
 
 
 def write_export_files(out: Path, state: dict[str, torch.Tensor], vocab: dict, config: dict, *, dtype: str,
-                       trained_with: str | None, regions: dict) -> dict:
+                       trained_with: str | None, regions: dict, trained_on: dict | None = None) -> dict:
     """Write ``model.safetensors``, ``vocab.json`` and ``config.json`` into the folder ``out``; returns what
     ``config.json`` says. ``config``: a checkpoint's plain config (only :data:`CONFIG_SECTIONS` are kept, the
     encoder's weight file left out: its weights are in the export); ``trained_with``: the version that wrote the
     checkpoint (None: older than 0.2.0); ``regions``: the encoder's input and output sizes (``image_size``
-    [H, W], ``grid`` [gh, gw], ``feature_dim`` D), for readers that do not build the model."""
+    [H, W], ``grid`` [gh, gw], ``feature_dim`` D), for readers that do not build the model; ``trained_on``: the
+    training data's name and kind (:func:`captioner.checkpoint.trained_on`; None: unknown)."""
     weights = write_weights(state, out / WEIGHTS, dtype)
     write_file(out / VOCAB, json.dumps(vocab, ensure_ascii=False))
     settings = {name: config[name] for name in CONFIG_SECTIONS if name in config}
     settings["encoder"] = {**settings.get("encoder", {}), "weights": None}
     described = {"format": FORMAT, "format_version": FORMAT_VERSION, "captioner_version": __version__,
-                 "trained_with": trained_with, "vocab_size": len(vocab["words"]), "regions": regions, "weights": weights,
-                 **settings}
+                 "trained_with": trained_with, "trained_on": trained_on, "vocab_size": len(vocab["words"]),
+                 "regions": regions, "weights": weights, **settings}
     write_config(out, described)
     return described
 
@@ -98,9 +99,9 @@ def read_config(folder: Path) -> dict:
 
 def read_export(folder: str | Path, map_location: str | torch.device = "cpu") -> dict:
     """The checkpoint-shaped dict of an export folder: ``model`` (its state dict, tied weights filled in),
-    ``vocab``, ``config`` (the kept sections), ``captioner_version`` (of the checkpoint it came from) and
-    ``export`` (its ``config.json``). The weights' SHA-256 is checked first: a changed or damaged file is one
-    line, not a different model."""
+    ``vocab``, ``config`` (the kept sections), ``captioner_version`` (of the checkpoint it came from),
+    ``trained_on`` (its training data, when recorded) and ``export`` (its ``config.json``). The weights' SHA-256 is
+    checked first: a changed or damaged file is one line, not a different model."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
@@ -121,4 +122,5 @@ def read_export(folder: str | Path, map_location: str | torch.device = "cpu") ->
     if not isinstance(vocab, dict) or not isinstance(vocab.get("words"), list) or len(vocab["words"]) != described["vocab_size"]:
         raise CaptionerError(f"{folder / VOCAB}: not the vocabulary of {described['vocab_size']} words {CONFIG} names")
     return {"model": state, "vocab": vocab, "config": {name: described[name] for name in CONFIG_SECTIONS if name in described},
-            "captioner_version": described.get("trained_with"), "export": described}
+            "captioner_version": described.get("trained_with"), "trained_on": described.get("trained_on"),
+            "export": described}

@@ -213,6 +213,7 @@ def onnx_captioner(folder: Path, described: dict, model: Captioner) -> Captioner
     ONNX Runtime; ``described``: the export's ``config.json``."""
     graphs = described.get("onnx")
     if graphs is None:
-        raise CaptionerError(f"{folder}: exported without ONNX graphs (captioner export CKPT --out DIR --onnx)")
+        raise CaptionerError(f"{folder}: exported without ONNX graphs "
+                             "(captioner export --checkpoint CKPT --out DIR --onnx)")
     return Captioner(OnnxEncoder(folder / graphs["encoder"], model.encoder),
                      OnnxDecoder(folder, graphs, model.decoder.samples_locations)).eval()

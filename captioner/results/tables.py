@@ -175,6 +175,38 @@ def recipe_times(result: dict) -> list[str]:
     return lines
 
 
+def duration(seconds: float) -> str:
+    """A wall time for people: ``11 s``, ``9.0 min``, ``42 min``, ``1.8 h``."""
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 600:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 60:.0f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
+
+
+def own_photos(result: dict) -> list[str]:
+    """The README's "Your own photos" commands, each timed in a fresh folder (``scripts/own_photos_time.py``): the
+    training as the time of one epoch and of the recipe's own epochs at that pace."""
+    counts, epoch = result["photos"], result["epoch_seconds"]
+    photos = sum(c["images"] for c in counts.values())
+    train = f"`train {result['recipe']}`"
+    lines = header("step", "captioner ...", "time")
+    lines.append(row(f"{photos:,} photos, their captions and the split, from files at hand (`--from`; without it, "
+                     "the download comes first)", "`data flickr8k`", duration(result["prepare_seconds"])))
+    lines.append(row(f"VGG-19 features of the {result['cached_images']:,} photos, cached once", f"{train}, first",
+                     duration(result["cache_seconds"])))
+    lines.append(row(f"one training epoch ({counts['train']['images']:,} photos, "
+                     f"{'bf16' if result['precision'] else 'float32'}) and its validation", f"{train}, then",
+                     duration(epoch)))
+    lines.append(row(f"the recipe's {result['recipe_epochs']} epochs at that pace", train,
+                     duration(epoch * result["recipe_epochs"])))
+    lines.append(row(f"scoring the {result['score_images']:,} {result['score_split']} photos",
+                     f"`evaluate --split {result['score_split']}`", duration(result["score_seconds"])))
+    lines.append(row(f"captioning {result['captioned_images']} photos of one's own, the model loaded",
+                     "`caption`", duration(result["caption_seconds"])))
+    return lines
+
+
 def flickr8k_ensembles(result: dict) -> list[str]:
     """Ensembles of the Flickr8k study's runs (``scripts/flickr8k_ensemble.py``) on the 1,000 validation photos, with
     the CPU time their members took to train together."""
@@ -190,4 +222,4 @@ def flickr8k_ensembles(result: dict) -> list[str]:
 TABLES: dict[str, Callable[[dict], list[str]]] = {
     "demo": demo, "scaling": scaling, "scst": scst, "decode_beside_python": decode_beside_python,
     "flickr8k_full": flickr8k_full, "hard_attention_snr": hard_attention_snr, "hard_attention_runs": hard_attention_runs,
-    "recipe_times": recipe_times, "flickr8k_ensembles": flickr8k_ensembles}
+    "recipe_times": recipe_times, "flickr8k_ensembles": flickr8k_ensembles, "own_photos": own_photos}

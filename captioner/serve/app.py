@@ -285,5 +285,8 @@ def _run(app: FastAPI, listening: socket.socket, token: str | None) -> None:
     host, port = listening.getsockname()[:2]
     url = f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"
     needs = "; every request needs the token: open the page as ...#token=<token>" if token else ""
+    for name, served in app.state.models.items():
+        if served.warning:
+            log.warning("%s: %s", name, served.warning)
     print(f"captioner serve: {', '.join(app.state.models)} at {url} (API schema: /openapi.json{needs})", flush=True)
     uvicorn.Server(uvicorn.Config(app, log_level="info", http=GuardedHttp)).run(sockets=[listening])

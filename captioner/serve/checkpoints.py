@@ -17,7 +17,7 @@ from captioner.data.vocabulary import Vocabulary
 from captioner.decoding.search import DecodeConfig, Generation
 from captioner.export.folder import is_export
 from captioner.models.captioner import DECODERS
-from captioner.predictor import Predictor
+from captioner.predictor import Predictor, check_image_size
 
 if TYPE_CHECKING:
     from captioner.config import Config
@@ -36,8 +36,10 @@ class ServedModel:
     """One loaded checkpoint: its vocabulary and config, its ``decode_config`` (``beam`` is the default when a
     request names none), ``max_pixels``, the largest image it accepts, the ``transform`` of an upload into the
     encoder's input, the encoder's region ``grid`` ``(gh, gw)`` over which every attention map lies and its
-    input ``image_size`` ``(H, W)``; and ``predictor``, where this process decodes (``None`` in the server's
-    process when the models decode in :mod:`~captioner.serve.decoding_process`: see :meth:`description`)."""
+    input ``image_size`` ``(H, W)``; ``predictor``, where this process decodes (``None`` in the server's
+    process when the models decode in :mod:`~captioner.serve.decoding_process`: see :meth:`description`);
+    ``trained_on``, the training data's name and kind (None: unknown), and ``warning``, what a model of the
+    synthetic shapes says of uploads (:meth:`~captioner.predictor.Predictor.data_warning`)."""
 
     name: str
     path: Path
@@ -49,6 +51,8 @@ class ServedModel:
     grid: tuple[int, int]
     image_size: tuple[int, int]
     predictor: Predictor | None = None
+    trained_on: dict | None = None
+    warning: str | None = None
 
     def description(self) -> ServedModel:
         """This checkpoint without its model: all a server needs to read uploads, draw attention and describe
@@ -60,9 +64,11 @@ class ServedModel:
         needed (:func:`~captioner.data.images.load_image_reduced`: both sides at least the encoder's input and
         ``shown_side``), its own size, and the encoder's input pixels (:meth:`caption` scales them to [0, 1], as
         :func:`~captioner.data.images.image_transform`); raises :class:`~captioner.errors.ImageError` (naming
-        ``name``) with the checks of ``captioner caption``."""
+        ``name``) with the checks of ``captioner caption``, a 1x1 image's among them
+        (:func:`~captioner.predictor.check_image_size`)."""
         image, size = load_image_reduced(source, max(shown_side, *self.image_size), max_pixels=self.max_pixels,
                                          name=name)
+        check_image_size(size, self.grid, name)
         return Upload(image, size, self.transform(image))
 
     @torch.inference_mode()
@@ -82,7 +88,8 @@ class ServedModel:
                 "attention": DECODERS[model.decoder].attention_kind(model.chosen),
                 "encoder": self.config.encoder.name, "vocab_size": len(self.vocab), "grid": list(self.grid),
                 "image_size": list(self.image_size), "beam": self.decode_config.beam,
-                "max_length": self.decode_config.max_length, "max_pixels": self.max_pixels}
+                "max_length": self.decode_config.max_length, "max_pixels": self.max_pixels,
+                "trained_on": self.trained_on, "warning": self.warning}
 
 
 def load_served_models(paths: Sequence[str | Path], device: torch.device, overrides: Sequence[str] = (), *,
@@ -97,7 +104,8 @@ def load_served_models(paths: Sequence[str | Path], device: torch.device, overri
                        or path.parent.name, served)
         served[name] = ServedModel(name, path, predictor.vocab, predictor.config, predictor.decode_config,
                                    predictor.max_pixels, image_transform(predictor.model.encoder, to_float=False),
-                                   predictor.grid, predictor.image_size, predictor)
+                                   predictor.grid, predictor.image_size, predictor, predictor.trained_on,
+                                   predictor.data_warning())
     return served
 
 

@@ -52,6 +52,13 @@ class CaptionResponse(Beam):
     timings: Timings
 
 
+class TrainedOn(BaseModel):
+    """The data a model was trained on, as its checkpoint records it."""
+
+    name: str | None = Field(description="the dataset, null when not known", examples=["shapes", "flickr8k", "coco"])
+    kind: str = Field(examples=["synthetic shapes", "photos"])
+
+
 class ModelInfo(BaseModel):
     name: str = Field(description="what requests call it: its run folder's name", examples=["soft"])
     decoder: str = Field(examples=["lstm", "transformer"])
@@ -63,6 +70,9 @@ class ModelInfo(BaseModel):
     beam: int = Field(description="beam size used when a request names none")
     max_length: int = Field(description="most words of a caption")
     max_pixels: int = Field(description="larger images are refused from their header")
+    trained_on: TrainedOn | None = Field(description="its training data; null when its checkpoint does not say")
+    warning: str | None = Field(description="what a user should know before trusting its captions (a model of the "
+                                "synthetic shapes knows nothing of photos); null when nothing")
 
 
 class Overlay(BaseModel):

@@ -24,7 +24,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
-from captioner.checkpoint import build_model, load_checkpoint, model_and_loss_states, save_checkpoint
+from captioner.checkpoint import build_model, data_record, load_checkpoint, model_and_loss_states, save_checkpoint
 from captioner.config import Config, TrainConfig, complete, save_config
 from captioner.core.console import progress_bar
 from captioner.core.devices import describe_device
@@ -102,6 +102,7 @@ class Run:
     started: float = field(default_factory=time.perf_counter)
     seconds_before: float = 0.0     # training time of the earlier parts of a resumed run
     precision: Precision = Precision(False, "not decided yet")
+    trained_on: dict | None = None  # the training data's name and kind, as every checkpoint records it
 
     def objective(self, epoch: int) -> str:
         """``xe`` or ``scst``: what epoch ``epoch`` (from 0) optimises."""
@@ -116,7 +117,8 @@ class Run:
         save_checkpoint({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                          "scheduler": self.scheduler.state_dict(), "loss": self.loss.state_dict(),
                          "progress": asdict(state), "rng": rng_state(), "vocab": self.vocab.to_dict(),
-                         "config": self.config.to_dict(), "captioner_version": __version__}, self.dir / f"{name}.pt")
+                         "config": self.config.to_dict(), "captioner_version": __version__,
+                         "trained_on": self.trained_on}, self.dir / f"{name}.pt")
 
 
 def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool, world: World) -> None:
@@ -265,7 +267,7 @@ def build_run(config: Config, world: World, device: torch.device, checkpoint: di
                self_critical=self_critical,
                logger=MetricsLogger(Path(config.run.out), config, resume=checkpoint is not None,
                                     enabled=world.is_main),
-               rank_batch=rank_batch)
+               rank_batch=rank_batch, trained_on=data_record(data))
 
 
 def startup_facts(run: Run) -> list[str]:

@@ -1,4 +1,4 @@
-"""A checkpoint as an inference package, what ``captioner export CKPT --out DIR`` writes (see
+"""A checkpoint as an inference package, what ``captioner export --checkpoint CKPT --out DIR`` writes (see
 :mod:`captioner.export.folder` for its files): the weights as safetensors in the dtype asked for, ``config.json``,
 ``vocab.json``, the model card (:mod:`captioner.workflows.model_card`) and, with ``onnx``, the ONNX graphs, built from
 the weights as the export stores them (so that ONNX Runtime and a Predictor of the export agree). The folder is written
@@ -70,7 +70,7 @@ def write_package(staging: Path, name: str, model, vocab, config, payload: dict,
                   onnx: bool) -> tuple[dict, dict[str, int]]:
     """The files of the export ``name`` of ``checkpoint`` (its ``payload``, and the ``model``, ``vocab`` and
     ``config`` built from it) written into ``staging``: ``(the config.json written, {file: bytes})``."""
-    from captioner.checkpoint import build_checkpoint_model
+    from captioner.checkpoint import build_checkpoint_model, trained_on
     from captioner.core.files import write_file
     from captioner.export.folder import CARD, read_export, write_config, write_export_files
     from captioner.workflows.model_card import model_card
@@ -78,7 +78,8 @@ def write_package(staging: Path, name: str, model, vocab, config, payload: dict,
     regions = {"image_size": list(model.encoder.image_size), "grid": list(model.encoder.grid),
                "feature_dim": model.encoder.feature_dim}
     described = write_export_files(staging, model.state_dict(), vocab.to_dict(), config.to_dict(), dtype=dtype,
-                                   trained_with=payload.get("captioner_version"), regions=regions)
+                                   trained_with=payload.get("captioner_version"), regions=regions,
+                                   trained_on=trained_on(payload, config))
     if onnx:
         from captioner.export.onnx import export_onnx, require_onnx
 

@@ -58,8 +58,9 @@ function attentionWords(model) {
 }
 
 function describe(model) {
+  const data = model.trained_on ? ` · trained on ${model.trained_on.name || model.trained_on.kind}` : "";
   return `${model.decoder} · ${attentionWords(model)} · ${model.encoder} · ${model.grid[0]}×${model.grid[1]} grid · ` +
-    `${model.vocab_size} words`;
+    `${model.vocab_size} words${data}`;
 }
 
 // ---- overlays ------------------------------------------------------------------------------------------
@@ -432,6 +433,9 @@ async function start() {
   const models = page.info.models;
   $("#models-summary").textContent = `${models.length} checkpoint${models.length === 1 ? "" : "s"}: ` +
     models.map((model) => `${model.name} (${model.decoder}, ${attentionWords(model)})`).join(", ");
+  const warned = models.filter((model) => model.warning);   // a model of the synthetic shapes: it knows no photos
+  $("#models-warning").textContent = warned.map((model) => `${model.name}: ${model.warning}`).join(" ");
+  $("#models-warning").hidden = warned.length === 0;
   const defaults = [...new Set(models.map((model) => model.beam))];
   const beam = $("#beam");
   beam.append(new Option(defaults.length === 1 ? `default (${defaults[0]})` : "each checkpoint's default", ""));
