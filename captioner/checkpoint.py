@@ -16,7 +16,6 @@ separates them.
 from __future__ import annotations
 
 import dataclasses
-import json
 import pickle
 import re
 import zipfile
@@ -28,7 +27,7 @@ import torch
 from captioner.config import Config, apply_overrides, complete
 from captioner.core.files import atomic_write, file_sha256
 from captioner.data.config import DataConfig
-from captioner.data.shapes import shapes_info
+from captioner.data.shapes import annotation_info, is_shapes
 from captioner.data.vocabulary import Vocabulary
 from captioner.errors import CaptionerError
 from captioner.export.folder import CONFIG, is_export, read_export
@@ -124,9 +123,10 @@ def data_record(data: DataConfig) -> dict | None:
     captions = Path(data.captions["train"]) if data.format == "coco" and data.captions.get("train") else None
     if captions is None or not captions.is_file():
         return None
-    if shapes_info(captions) is not None:
+    info = annotation_info(captions)
+    if is_shapes(info):
         return {"name": "shapes", "kind": SHAPES_KIND}
-    description = str(_annotation_info(captions).get("description", "")).lower()
+    description = str(info.get("description", "")).lower()
     return {"name": "coco" if "coco" in captions.name.lower() or "coco" in description else None, "kind": "photos"}
 
 
@@ -142,16 +142,6 @@ def _karpathy_dataset(path: Path) -> str | None:
         return None
     found = KARPATHY_DATASET.search(head) or KARPATHY_DATASET.search(tail)
     return found.group(1).decode().lower() if found else None
-
-
-def _annotation_info(path: Path) -> dict:
-    """The ``info`` block of a COCO-format annotation file, {} when it cannot be read."""
-    try:
-        content = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    info = content.get("info") if isinstance(content, dict) else None
-    return info if isinstance(info, dict) else {}
 
 
 def trained_on(payload: dict, config: Config) -> dict | None:

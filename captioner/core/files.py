@@ -68,13 +68,17 @@ def write_file(path: str | Path, content: str | bytes | Callable[[BinaryIO], obj
     return path
 
 
-def file_sha256(path: str | Path) -> str:
-    """The SHA-256 of a file's bytes, as hex digits."""
-    digest = hashlib.sha256()
+def file_digest(path: str | Path, digest) -> str:
+    """A file's bytes, read a block at a time, through the ``hashlib`` object ``digest``; its hex digits."""
     with Path(path).open("rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def file_sha256(path: str | Path) -> str:
+    """The SHA-256 of a file's bytes, as hex digits."""
+    return file_digest(path, hashlib.sha256())
 
 
 def read_json(path: str | Path, object_hook: Callable[[dict], object] | None = None) -> object:

@@ -18,6 +18,7 @@ import zlib
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 
+from captioner.core.files import file_digest
 from captioner.data.download import download, part_path
 from captioner.errors import CaptionerError
 
@@ -42,11 +43,7 @@ class Damaged(Exception):
 
 def file_md5(path: str | Path) -> str:
     """The MD5 of a file's bytes, as hex digits (what dataset mirrors publish)."""
-    digest = hashlib.md5(usedforsecurity=False)
-    with Path(path).open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+    return file_digest(path, hashlib.md5(usedforsecurity=False))
 
 
 def check_md5(path: Path, md5: str) -> None:

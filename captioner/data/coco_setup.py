@@ -33,8 +33,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from captioner.core.files import file_sha256, read_json, read_record, write_file
-from captioner.data.archives import Damaged, fetch_zip, open_zip
-from captioner.data.archives import human_bytes as _size
+from captioner.data.archives import Damaged, fetch_zip, human_bytes, open_zip
 from captioner.data.download import DownloadError, download, part_path
 from captioner.errors import CaptionerError
 
@@ -181,18 +180,19 @@ def check_disk(root: Path, steps: list[_Step], keep_zips: bool, outputs: bool) -
         peak = max(peak, in_use + step.download + step.unpacked)
         kept = step.download if keep_zips else step.download - step.zip_size    # the zip goes once unpacked
         in_use += step.unpacked + kept
-        zip_part = f"{step.name} {_size(step.download)}" if step.download else f"{step.name} (downloaded)"
-        items.append(f"{zip_part} + unpacked {_size(step.unpacked)}")
+        zip_part = f"{step.name} {human_bytes(step.download)}" if step.download else f"{step.name} (downloaded)"
+        items.append(f"{zip_part} + unpacked {human_bytes(step.unpacked)}")
     needed = peak + (OUTPUT_BYTES if outputs else 0)
     if outputs:
-        items.append(f"split and output files {_size(OUTPUT_BYTES)}")
+        items.append(f"split and output files {human_bytes(OUTPUT_BYTES)}")
     if not needed:
         return 0
     free = shutil.disk_usage(root).free
     if free < needed:
         how = "the zips kept" if keep_zips else "one after the other, each zip deleted once unpacked"
-        raise CaptionerError(f"{root}: not enough free disk space: {_size(needed)} needed, {_size(free)} free "
-                             f"({how}: {', '.join(items)}); free some space or choose another --root")
+        raise CaptionerError(f"{root}: not enough free disk space: {human_bytes(needed)} needed, "
+                             f"{human_bytes(free)} free ({how}: {', '.join(items)}); free some space or choose "
+                             "another --root")
     return needed
 
 
@@ -656,14 +656,15 @@ def format_summary(result: dict) -> str:
     else:
         lines.append(f"  wrote {', '.join(OUTPUTS)} ({result['vocabulary']['words']:,} words), {RECORD}")
     downloaded = result["downloaded_bytes"]
-    lines.append(f"  downloaded {_size(downloaded)}" if downloaded else
+    lines.append(f"  downloaded {human_bytes(downloaded)}" if downloaded else
                  "  nothing downloaded" + ("; everything was in place and verified" if result["outputs"] == "verified"
                                            else ""))
     for path in result.get("leftover_zips", []):
         lines.append(f"  {path} is no longer needed (the folder is complete): delete it to free the space")
     train, cache = next_commands(result["root"])
     cache_bytes = sum(c["images"] for c in counts.values()) * VGG19_FEATURE_BYTES
-    lines += [f"next: train (it caches the VGG-19 features of every image first, {_size(cache_bytes)}, resumable):",
+    lines += [f"next: train (it caches the VGG-19 features of every image first, {human_bytes(cache_bytes)}, "
+              "resumable):",
               f"  {train}", "  or, before several GPUs with torchrun, cache them on their own first:", f"  {cache}"]
     return "\n".join(lines)
 

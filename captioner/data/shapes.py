@@ -398,15 +398,26 @@ def _check_arguments(seed: int, num_images: int, image_size: int, split_fraction
         raise CaptionerError(f"shapes data: workers must be a positive integer, got {workers!r}")
 
 
-def shapes_info(path: Path) -> dict | None:
-    """The ``info`` block of the shapes annotation file ``path``; None when ``path`` is none (missing,
-    unreadable, not JSON, or another dataset's)."""
+def annotation_info(path: Path) -> dict:
+    """The ``info`` block of a COCO-format annotation file, ``{}`` when it has none or cannot be read."""
     try:
         content = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return None
+        return {}
     info = content.get("info") if isinstance(content, dict) else None
-    return info if isinstance(info, dict) and info.get("description") == DESCRIPTION else None
+    return info if isinstance(info, dict) else {}
+
+
+def is_shapes(info: dict) -> bool:
+    """Whether an annotation file's ``info`` block (:func:`annotation_info`) is the shapes data's."""
+    return info.get("description") == DESCRIPTION
+
+
+def shapes_info(path: Path) -> dict | None:
+    """The ``info`` block of the shapes annotation file ``path``; None when ``path`` is none (missing,
+    unreadable, not JSON, or another dataset's)."""
+    info = annotation_info(path)
+    return info if is_shapes(info) else None
 
 
 def _output_files(out_dir: Path) -> list[Path]:
