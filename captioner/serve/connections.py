@@ -34,6 +34,7 @@ class GuardedHttp(HttpToolsProtocol):
         self._timer: asyncio.TimerHandle | None = None
         self._refusal: tuple[int, str] | None = None
         self._dropping = False      # refused: what the client still sends is dropped
+        self._running = None        # the cycle being answered (self.cycle is the last one parsed)
         if len(self.connections) > MAX_CONNECTIONS:
             self._refuse(503, f"the server holds {MAX_CONNECTIONS} connections, its most; try again shortly",
                          b"retry-after: 1\r\n", linger=False)
@@ -80,6 +81,10 @@ class GuardedHttp(HttpToolsProtocol):
         if self._in_body:           # answered before its body arrived (refused): drop the rest, for a while
             self._arm()
 
+    def _start_asgi_task(self, cycle, app) -> None:
+        self._running = cycle
+        super()._start_asgi_task(cycle, app)
+
     def _arm(self) -> None:
         if self._timer is None:
             self._timer = self.loop.call_later(HEAD_TIMEOUT_S, self._timed_out)
@@ -104,9 +109,12 @@ class GuardedHttp(HttpToolsProtocol):
         connection; ``linger``: only once the client has stopped sending, or :data:`HEAD_TIMEOUT_S` have passed
         (what it sends meanwhile is dropped: closing on unread data would reset the connection, and the client
         could lose the answer)."""
-        if self.cycle is not None:
-            self.cycle.disconnected = True      # the app's answer, if any, goes nowhere
-            self.cycle.message_event.set()
+        cycles = [self._running, self.cycle] + [cycle for cycle, _ in self.pipeline]
+        self.pipeline.clear()
+        for cycle in cycles:        # the answers in progress and queued go nowhere
+            if cycle is not None:
+                cycle.disconnected = True
+                cycle.message_event.set()
         body = json.dumps({"error": message}).encode()
         self.transport.write(STATUS_LINE[status] + b"content-type: application/json\r\ncontent-length: "
                              + str(len(body)).encode() + b"\r\nconnection: close\r\n" + headers + b"\r\n" + body)
