@@ -69,11 +69,14 @@ class TrainConfig:
     encoder_lr: float = setting(1e-4, "of the fine-tuned encoder blocks", minimum=0)
     weight_decay: float = setting(0.0, "Adam L2 penalty", minimum=0)
     grad_clip: float = setting(5.0, "clip the gradient norm to this; 0 = no clipping", minimum=0)
-    lr_schedule: str = setting("none", "none | step | cosine | rsqrt (per step, after the warm-up)",
-                               choices=("none", "step", "cosine", "rsqrt"))
+    lr_schedule: str = setting(
+        "none", "none | step | cosine | rsqrt (per step, after the warm-up) | plateau (times lr_gamma after "
+        "lr_patience epochs without a train.metric gain)", choices=("none", "step", "cosine", "rsqrt", "plateau"))
     warmup_steps: int = setting(0, "linear warm-up of the learning rate over this many steps", minimum=0)
     lr_step_epochs: int = setting(10, "lr_schedule step: decay every this many epochs", minimum=1)
-    lr_gamma: float = setting(0.5, "lr_schedule step: by this factor", minimum=0)
+    lr_gamma: float = setting(0.5, "lr_schedule step or plateau: by this factor", minimum=0)
+    lr_patience: int = setting(2, "lr_schedule plateau: epochs without a train.metric gain before each decay",
+                               minimum=1)
     early_stopping: int = setting(5, "epochs without improvement of train.metric; 0 = never stop early", minimum=0)
     metric: str = setting("CIDEr", "the validation score that picks best.pt and early stopping",
                           choices=VALIDATION_METRICS)
@@ -99,12 +102,19 @@ class TrainConfig:
         None, "a checkpoint to start from: its weights, vocabulary, model and encoder settings", affects_results=False)
     objective: str = setting("xe", "xe: cross-entropy (the loss section) | scst: self-critical training on CIDEr-D",
                              choices=("xe", "scst"))
-    scst_after_epoch: int = setting(0, "objective scst: this many epochs of cross-entropy first", minimum=0)
+    scst_after_epoch: int = setting(
+        0, "objective scst: at most this many epochs of cross-entropy first (fewer when train.early_stopping ends "
+        "them); self-critical training then starts from the best of them, with a fresh Adam at train.scst_lr",
+        minimum=0)
+    scst_lr: float | None = setting(None, "objective scst after cross-entropy: the learning rate from the switch on "
+                                          "(None: train.lr)", above=0)
     expectation_epochs: int = setting(
         0, "hard attention: this many epochs first in which every caption reads alpha's expectation (no location "
         "sampled: a warm start), then model.lstm.expectation_probability", minimum=0)
-    scst_samples: int = setting(5, "objective scst: captions sampled per image (train.batch_size counts images)",
-                                minimum=1)
+    scst_samples: int = setting(5, "objective scst: captions sampled per image", minimum=1)
+    scst_batch_size: int | None = setting(
+        None, "objective scst: images per self-critical step, each sampled scst_samples times (the global batch "
+        "under torchrun; None: train.batch_size)", minimum=1)
     scst_baseline: str = setting(
         "mean", "mean: of the image's other samples (Luo 2020) | greedy: its greedy caption's reward",
         choices=("mean", "greedy"))

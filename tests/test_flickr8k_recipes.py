@@ -1,7 +1,9 @@
 """The full-Flickr8k recipes stay alive: each trains a few steps on a handful of ../shared/data/flickr8k's photos,
-with its own encoder (VGG-19 conv5_4, cached), model, loss and decoding, and its best checkpoint captions photos;
-each recipe's no-attention ablation resolves. Skipped where the photos are not (they are research-use only)."""
+with its own encoder (VGG-19 conv5_4, cached), model, loss and decoding, and its best checkpoint captions photos
+(the two SCST recipes: cross-entropy steps, then SCST steps); each recipe's no-attention ablation resolves. Skipped
+where the photos are not (they are research-use only)."""
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -14,6 +16,7 @@ from captioner.training.features import cache_features
 
 FLICKR8K = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "flickr8k"
 RECIPES = ("flickr8k_full_soft", "flickr8k_full_hard", "flickr8k_full_transformer")
+SCST_RECIPES = ("flickr8k_full_soft_scst", "flickr8k_full_transformer_scst")
 ABLATIONS = {"flickr8k_full_soft": ["model.lstm.attention=none"],
              "flickr8k_full_hard": ["model.lstm.attention=none", "model.lstm.attention_mode=soft"],
              "flickr8k_full_transformer": ["model.transformer.memory=mean"]}
@@ -45,6 +48,31 @@ def test_full_recipe_trains_a_few_steps_and_its_checkpoint_decodes(recipe, handf
     assert result["step"] == 3 and result["epochs"] == 1              # 30 captions of 6 photos, 10 a step
     captions = Predictor.load(result["checkpoint"]).caption(photos)      # from the photos, through VGG-19
     assert all(c.error is None and c.caption for c in captions)
+
+
+@pytest.mark.parametrize("recipe", SCST_RECIPES)
+def test_full_scst_recipe_trains_cross_entropy_then_self_critical_steps(recipe, handful):
+    overrides, folder, photos = handful
+    config = load_config(recipes()[recipe], [*overrides, f"run.out={folder / recipe}", "train.epochs=2",
+                                             "train.scst_after_epoch=1", "train.batch_size=10",
+                                             "train.scst_batch_size=3", "train.val_max_images=3", "train.log_every=1"])
+    result = train(config, progress=False)
+    assert result["step"] == 3 + 2 and result["epochs"] == 2          # 30 captions / 10; then 6 photos / 3
+    steps = [json.loads(line) for line in (folder / recipe / "metrics.jsonl").read_text().splitlines()]
+    assert {r["epoch"]: r["objective"] for r in steps if r["type"] == "train"} == {1: "xe", 2: "scst"}
+    captions = Predictor.load(result["checkpoint"]).caption(photos)
+    assert all(c.error is None and c.caption for c in captions)
+
+
+@pytest.mark.parametrize("recipe", SCST_RECIPES)
+def test_full_scst_recipe_is_its_cross_entropy_recipe_then_scst(recipe):
+    config, start = load_config(recipes()[recipe]), load_config(recipes()[recipe.removesuffix("_scst")])
+    assert config.train.objective == "scst" and 0 < config.train.scst_after_epoch < config.train.epochs
+    assert config.train.scst_lr < config.train.lr and config.train.early_stopping
+    for section in ("data", "encoder", "model", "decode"):
+        assert getattr(config, section) == getattr(start, section), section
+    assert config.loss.label_smoothing == 0 < start.loss.label_smoothing      # SCST samples from a sharper start
+    assert dataclasses.replace(config.loss, label_smoothing=start.loss.label_smoothing) == start.loss
 
 
 @pytest.mark.parametrize("recipe", RECIPES)

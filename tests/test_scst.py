@@ -17,8 +17,10 @@ from captioner.decoding.search import TokenRules, greedy, sample_captions
 from captioner.models.lstm_decoder import LSTMDecoder, LSTMDecoderConfig
 from captioner.objectives.rewards import CiderD, cached_cider, sentence_bleu4
 from captioner.objectives.scst import SelfCritical, mean_of_others, policy_loss
-from captioner.training.engine import train
+from captioner.training import engine
+from captioner.training.engine import begin_self_critical, train
 from tests.conftest import tiny_config
+from tests.test_training import scripted_validation
 
 COCO_MINI = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "coco-mini"
 REFERENCES = {
@@ -41,6 +43,21 @@ def test_cider_d_equals_pycocoevalcap_with_repeats_unknown_words_and_empty_capti
     ended, _ = Cider().compute_score({i: [r + " <end>" for r in refs] for i, refs in REFERENCES.items()},
                                      {i: [(c + " <end>").strip()] for i, c in CANDIDATES.items()})
     assert with_end.scores([CANDIDATES[i].split() for i in REFERENCES], list(REFERENCES)).mean() == pytest.approx(ended, abs=1e-6)
+
+
+def test_a_caption_cut_at_the_length_limit_gets_no_end_in_its_reward():
+    with_end = CiderD({i: [r.split() for r in refs] for i, refs in REFERENCES.items()}, count_end=True)
+    cut, _ = Cider().compute_score({i: [r + " <end>" for r in refs] for i, refs in REFERENCES.items()},
+                                   {i: [c] for i, c in CANDIDATES.items()})
+    captions, ids = [CANDIDATES[i].split() for i in REFERENCES], list(REFERENCES)
+    assert with_end.scores(captions, ids, [False] * 4).mean() == pytest.approx(cut, abs=1e-6)
+    # the self-critical objective tells them apart by the <end> token in the sampled row
+    seen = []
+    objective = SelfCritical(lambda captions, ids, ended: seen.append((captions, ended)) or np.zeros(len(ids)),
+                             VOCAB, samples=2, max_length=3)
+    end, w = VOCAB.end_index, VOCAB.index["w1"]
+    objective.rewards(torch.tensor([[w, end, 0], [w, w, w]]), [0, 0])
+    assert seen == [([["w1"], ["w1", "w1", "w1"]], [True, False])]
 
 
 def test_cached_document_frequencies_give_the_same_scores(tmp_path):
@@ -80,7 +97,7 @@ def decoder(**kw) -> LSTMDecoder:
 @pytest.mark.parametrize("mode", ["soft", "hard"])
 def test_a_constant_reward_gives_zero_gradient(baseline, mode):
     model = decoder(attention_mode=mode)
-    objective = SelfCritical(lambda captions, ids: np.full(len(captions), 3.0), VOCAB, samples=4, baseline=baseline,
+    objective = SelfCritical(lambda captions, ids, ended: np.full(len(captions), 3.0), VOCAB, samples=4, baseline=baseline,
                              max_length=6)
     losses = objective(model, torch.randn(3, 4, 8), [0, 1, 2])
     losses["loss"].backward()
@@ -111,7 +128,7 @@ def test_an_easy_reward_is_driven_to_its_maximum():
     regions = torch.randn(2, 4, 8) * 2
     targets = {0: "w5 w6 w7".split(), 1: "w8 w9".split()}
     cider = CiderD({i: [words] for i, words in targets.items()}, count_end=True)
-    objective = SelfCritical(lambda captions, ids: cider.scores(captions, ids), VOCAB, samples=8, max_length=5)
+    objective = SelfCritical(lambda captions, ids, ended: cider.scores(captions, ids, ended), VOCAB, samples=8, max_length=5)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.02)
     for _ in range(300):
         losses = objective(model, regions, [0, 1])
@@ -135,6 +152,37 @@ def test_scst_after_cross_entropy_in_one_run_resumes_exactly_and_logs_rewards(ti
     a, b = (torch.load(tmp_path / name / "last.pt", weights_only=True)["model"] for name in ("full", "split"))
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert list((tmp_path).glob("**/cider-df-*.json.gz"))               # document frequencies cached once
+
+
+def test_cross_entropy_that_stops_gaining_hands_its_best_epoch_to_scst_and_resumes_exactly(tiny_coco, tmp_path,
+                                                                                            monkeypatch):
+    scst = {"objective": "scst", "scst_after_epoch": 10, "early_stopping": 2, "scst_lr": 0.001, "lr": 0.005,
+            "scst_samples": 3, "scst_batch_size": 4, "epochs": 5}
+    scores = (0.5, 0.4, 0.3, 0.45, 0.42)        # cross-entropy's best at epoch 1, no gain at 2 and 3: the switch
+    switched = []
+
+    def begin(run, state):
+        begin_self_critical(run, state)
+        switched.append({k: v.clone() for k, v in run.model.state_dict().items()})
+
+    monkeypatch.setattr(engine, "begin_self_critical", begin)
+    monkeypatch.setattr(engine, "validate", scripted_validation(*scores))
+    result = train(tiny_config(tiny_coco, tmp_path / "full", train=scst))
+    steps = [json.loads(line) for line in (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()]
+    objectives = {r["epoch"]: (r["objective"], r["lr"]) for r in steps if r["type"] == "train"}
+    assert objectives == {1: ("xe", 0.005), 2: ("xe", 0.005), 3: ("xe", 0.005), 4: ("scst", 0.001), 5: ("scst", 0.001)}
+    assert result["step"] == 3 * 5 + 2 * 3                              # 24 pairs / 5, then 12 images / 4 per epoch
+    assert result["epochs"] == 5 and torch.load(tmp_path / "full" / "last.pt", weights_only=True)["progress"]["scst_from"] == 3
+    best = torch.load(tmp_path / "full" / "best.pt", weights_only=True)
+    assert best["progress"]["epoch"] == 1 and len(switched) == 1       # self-critical from epoch 1's weights
+    assert all(torch.equal(switched[0][k], best["model"][k]) for k in best["model"])
+    # stopped at the switch, resumed with the epochs left: the same weights as the run in one go
+    monkeypatch.setattr(engine, "validate", scripted_validation(*scores[:3]))
+    train(tiny_config(tiny_coco, tmp_path / "split", train={**scst, "epochs": 3}))
+    monkeypatch.setattr(engine, "validate", scripted_validation(*scores[3:]))
+    train(tiny_config(tiny_coco, tmp_path / "split", train=scst), resume=True)
+    a, b = (torch.load(tmp_path / name / "last.pt", weights_only=True)["model"] for name in ("full", "split"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_scst_from_a_trained_checkpoint_keeps_its_architecture_and_vocabulary(tiny_coco, tmp_path):

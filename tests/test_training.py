@@ -345,6 +345,30 @@ def test_learning_rate_schedules_per_step():
         learning_rates("linear", warmup=0, steps=1)
 
 
+def scripted_validation(*scores: float):
+    """A stand-in for ``engine.validate`` whose CIDEr is the next of ``scores`` at each epoch's end."""
+    upcoming = iter(scores)
+    return lambda *args, **kwargs: {"CIDEr": next(upcoming)}
+
+
+def test_plateau_decays_the_learning_rate_after_epochs_without_gain_and_resumes_exactly(tiny_coco, tmp_path,
+                                                                                        monkeypatch):
+    plateau = {"lr_schedule": "plateau", "lr_patience": 1, "lr_gamma": 0.5, "lr": 0.01, "epochs": 5}
+    scores = (0.5, 0.4, 0.3, 0.6, 0.2)         # no gain after epochs 2, 3 and 5: a decay after each
+    monkeypatch.setattr(engine, "validate", scripted_validation(*scores))
+    train(tiny_config(tiny_coco, tmp_path / "full", train=plateau))
+    steps = [json.loads(line) for line in (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()]
+    rates = {r["epoch"]: r["lr"] for r in steps if r["type"] == "train"}
+    assert rates == pytest.approx({1: 0.01, 2: 0.01, 3: 0.005, 4: 0.0025, 5: 0.0025})
+    monkeypatch.setattr(engine, "validate", scripted_validation(*scores[:3]))
+    train(tiny_config(tiny_coco, tmp_path / "split", train={**plateau, "epochs": 3}))
+    monkeypatch.setattr(engine, "validate", scripted_validation(*scores[3:]))
+    train(tiny_config(tiny_coco, tmp_path / "split", train=plateau), resume=True)
+    full, split = (load_checkpoint(tmp_path / name / "last.pt") for name in ("full", "split"))
+    assert all(torch.equal(full["model"][k], split["model"][k]) for k in full["model"])
+    assert full["optimizer"]["param_groups"][0]["lr"] == split["optimizer"]["param_groups"][0]["lr"] == 0.00125
+
+
 def test_transformer_run_trains_captions_and_joins_the_comparison(tiny_coco, tmp_path, capsys):
     model = {"decoder": "transformer", "transformer": {"d_model": 16, "num_layers": 1, "num_heads": 2, "ffn_dim": 32,
                                                       "region_position": "learned", "max_length": 16}}

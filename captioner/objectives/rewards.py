@@ -8,8 +8,9 @@ keyed by the references themselves) and every reference's tf-idf vector. A candi
 n-gram counts and one sparse dot product per reference. pycocoevalcap computes "length" as the number of
 bigrams (one less than the words); so does this, so that its scores equal ``Cider``'s to the last digit.
 
-With ``count_end`` (the public self-critical code's habit) every caption, candidate and reference, ends with
-the word ``<end>``: n-grams that close a caption are then rewarded, and captions learn where to stop.
+With ``count_end`` (the public self-critical code's habit) every reference ends with the word ``<end>``, and so
+does every candidate that ended (one cut at the length limit does not): n-grams that close a caption are then
+rewarded, and captions learn where to stop.
 """
 
 from __future__ import annotations
@@ -83,16 +84,20 @@ class CiderD:
         self.references = {image: [TfIdf(ngram_counts(r), self.document_frequency, self.log_images) for r in captions]
                            for image, captions in refs.items()}
 
-    def _words(self, caption: Sequence[str]) -> list[str]:
-        return list(caption) + [END_WORD] if self.count_end else list(caption)
+    def _words(self, caption: Sequence[str], ended: bool = True) -> list[str]:
+        return list(caption) + [END_WORD] if self.count_end and ended else list(caption)
 
-    def score(self, caption: Sequence[str], image_id: int) -> float:
-        candidate = TfIdf(ngram_counts(self._words(caption)), self.document_frequency, self.log_images)
+    def score(self, caption: Sequence[str], image_id: int, ended: bool = True) -> float:
+        """CIDEr-D of ``caption`` (its words) for ``image_id``; ``ended``: it closed with ``<end>``."""
+        candidate = TfIdf(ngram_counts(self._words(caption, ended)), self.document_frequency, self.log_images)
         references = self.references[image_id]
         return 10.0 * sum(candidate.similarity(r) for r in references) / len(references)
 
-    def scores(self, captions: Sequence[Sequence[str]], image_ids: Sequence[int]) -> np.ndarray:
-        return np.array([self.score(c, i) for c, i in zip(captions, image_ids)], dtype=np.float64)
+    def scores(self, captions: Sequence[Sequence[str]], image_ids: Sequence[int],
+               ended: Sequence[bool] | None = None) -> np.ndarray:
+        """:meth:`score` per caption; ``ended`` per caption (default: every one ended)."""
+        ended = [True] * len(captions) if ended is None else ended
+        return np.array([self.score(c, i, e) for c, i, e in zip(captions, image_ids, ended)], dtype=np.float64)
 
 
 def document_frequencies(corpus) -> dict[Ngram, float]:

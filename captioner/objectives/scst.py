@@ -24,7 +24,8 @@ from captioner.data.vocabulary import Vocabulary
 from captioner.decoding.search import TokenRules, sample_captions
 from captioner.objectives.rewards import cached_cider, sentence_bleu4
 
-RewardFunction = Callable[[list[list[str]], list[int]], np.ndarray]
+RewardFunction = Callable[[list[list[str]], list[int], list[bool]], np.ndarray]
+"""``reward(captions, image_ids, ended)``: per caption (its words, its image, whether it closed with ``<end>``)."""
 
 
 def caption_words(tokens: torch.Tensor, vocab: Vocabulary) -> list[list[str]]:
@@ -33,13 +34,13 @@ def caption_words(tokens: torch.Tensor, vocab: Vocabulary) -> list[list[str]]:
 
 
 def metric_reward(references: dict[int, list[str]], cache_folder, *, count_end: bool, bleu_weight: float) -> RewardFunction:
-    """``reward(captions, image_ids)``: CIDEr-D (document frequencies of ``references``, cached in
-    ``cache_folder``) plus ``bleu_weight`` times sentence BLEU-4, per caption."""
+    """CIDEr-D (document frequencies of ``references``, cached in ``cache_folder``) plus ``bleu_weight`` times
+    sentence BLEU-4, per caption: a :data:`RewardFunction`."""
     words = {image: [tokenize(c) for c in captions] for image, captions in references.items()}
     cider = cached_cider(words, cache_folder, count_end=count_end)
 
-    def reward(captions: list[list[str]], image_ids: list[int]) -> np.ndarray:
-        scores = cider.scores(captions, image_ids)
+    def reward(captions: list[list[str]], image_ids: list[int], ended: list[bool]) -> np.ndarray:
+        scores = cider.scores(captions, image_ids, ended)
         if bleu_weight:
             scores += bleu_weight * np.array([sentence_bleu4(c, words[i]) for c, i in zip(captions, image_ids)])
         return scores
@@ -74,7 +75,10 @@ class SelfCritical:
                                 vocab.unk_index if suppress_unk else None)
 
     def rewards(self, tokens: torch.Tensor, image_ids: Sequence[int]) -> torch.Tensor:
-        return torch.from_numpy(self.reward(caption_words(tokens, self.vocab), list(image_ids))).float()
+        """The reward of each row of ``tokens`` (N, T) for its image; a row without ``<end>`` was cut at the
+        length limit, and is scored as such."""
+        ended = (tokens == self.vocab.end_index).any(dim=1).tolist()
+        return torch.from_numpy(self.reward(caption_words(tokens, self.vocab), list(image_ids), ended)).float()
 
     def __call__(self, decoder, regions: torch.Tensor, image_ids: Sequence[int]) -> dict[str, torch.Tensor]:
         """The loss of one batch: ``regions`` (B, L, D) of the images ``image_ids``; the decoder in training mode."""
@@ -95,8 +99,10 @@ class SelfCritical:
         if "attention_entropy" in out and self.entropy_weight:
             loss = loss - self.entropy_weight * out["attention_entropy"]
         words = (drawn.mask & (drawn.tokens != self.vocab.end_index)).sum(dim=1).float()
+        cut = (drawn.tokens != self.vocab.end_index).all(dim=1).float()     # reached max_length without <end>
         return {**out, "loss": loss, "words": drawn.mask.sum(), "reward": rewards.mean(), "baseline": baseline.mean(),
-                "sample_entropy": (drawn.entropy * mask).sum() / mask.sum(), "caption_length": words.mean()}
+                "sample_entropy": (drawn.entropy * mask).sum() / mask.sum(), "caption_length": words.mean(),
+                "cut_share": cut.mean()}
 
     @torch.no_grad()
     def greedy_rewards(self, decoder, regions: torch.Tensor, image_ids: Sequence[int]) -> torch.Tensor:

@@ -8,6 +8,7 @@ markers where its table belongs."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 
 def row(*cells) -> str:
@@ -207,6 +208,31 @@ def own_photos(result: dict) -> list[str]:
     return lines
 
 
+def scst_diagnosis(result: dict) -> list[str]:
+    """Cross-entropy starts and the SCST runs made from them (``scripts/scst_diagnosis.py``): what each changed,
+    validation CIDEr per epoch, the SCST samples of its last epoch (mean reward, share cut at the length limit), and
+    its best checkpoint on the validation photos with the cross-entropy recipe's decoding and the SCST recipe's (a
+    row each; the run's own cells on its first)."""
+    lines = header("run", "differs from its recipe", "starts from", "val CIDEr by epoch (subset)",
+                   "last epoch's samples: reward, cut", "decoding", "BLEU-4", "METEOR", "CIDEr", "distinct",
+                   "words used", "mean length", "dangling end")
+    for run in result["runs"]:
+        shown_elsewhere = ("train.epochs", "train.val_max_images", "train.init_from", "train.log_every", "data.",
+                           *(("model.",) if run.get("init_from") else ()))      # a start's model is its own
+        changes = [c for c in run["changes"] if not c.startswith(shown_elsewhere)]
+        samples = run.get("last_epoch_samples")
+        start = Path(run["init_from"]).parent.name if run.get("init_from") else "–"
+        for first, (mode, scored) in zip((True, False), run["decoded"].items()):
+            named = (f"`{run['run']}`", ", ".join(f"`{c}`" for c in changes) or "–", f"`{start}`" if run.get(
+                "init_from") else start, ", ".join(number(point["CIDEr"]) for point in run["val_curve"]),
+                f"{number(samples['reward'])}, {number(samples['cut_share'], 2)}" if samples else "–")
+            lines.append(row(*(named if first else ("",) * 5), f"`{mode}`'s",
+                             number(scored["BLEU-4"]), number(scored["METEOR"]), number(scored["CIDEr"]),
+                             number(scored["distinct_captions"], 2), scored["vocabulary_used"],
+                             number(scored["mean_length"], 1), number(scored["dangling_end"], 3)))
+    return lines
+
+
 def flickr8k_ensembles(result: dict) -> list[str]:
     """Ensembles of the Flickr8k study's runs (``scripts/flickr8k_ensemble.py``) on the 1,000 validation photos, with
     the CPU time their members took to train together."""
@@ -222,4 +248,5 @@ def flickr8k_ensembles(result: dict) -> list[str]:
 TABLES: dict[str, Callable[[dict], list[str]]] = {
     "demo": demo, "scaling": scaling, "scst": scst, "decode_beside_python": decode_beside_python,
     "flickr8k_full": flickr8k_full, "hard_attention_snr": hard_attention_snr, "hard_attention_runs": hard_attention_runs,
-    "recipe_times": recipe_times, "flickr8k_ensembles": flickr8k_ensembles, "own_photos": own_photos}
+    "recipe_times": recipe_times, "flickr8k_ensembles": flickr8k_ensembles, "own_photos": own_photos,
+    "scst_diagnosis": scst_diagnosis}

@@ -74,6 +74,7 @@ class TrainState:
     train_seconds: float = 0.0      # training time of the whole run, resumed parts included
     words_per_s: float | None = None
     amp: bool | None = None         # train.amp as decided when the run started (None: not yet)
+    scst_from: int | None = None    # the epoch (from 0) self-critical training began at (None: not yet)
     train_images: int = 0           # the training split's images and captions (what a model card states)
     train_captions: int = 0
     skipped_images: list[str] = field(default_factory=list)
@@ -104,10 +105,9 @@ class Run:
     precision: Precision = Precision(False, "not decided yet")
     trained_on: dict | None = None  # the training data's name and kind, as every checkpoint records it
 
-    def objective(self, epoch: int) -> str:
-        """``xe`` or ``scst``: what epoch ``epoch`` (from 0) optimises."""
-        train = self.config.train
-        return "scst" if train.objective == "scst" and epoch >= train.scst_after_epoch else "xe"
+    def objective(self, state: "TrainState") -> str:
+        """``xe`` or ``scst``: what the epoch after ``state.epoch`` finished ones optimises."""
+        return "scst" if state.scst_from is not None and state.epoch >= state.scst_from else "xe"
 
     def save(self, state: TrainState, name: str = "last") -> None:
         """Write ``{name}.pt`` (rank 0 only), the training time so far included."""
@@ -176,11 +176,14 @@ def resumable_checkpoint(config: Config, path: Path) -> dict:
     return checkpoint
 
 
-def rank_batch_size(config: Config, world: World) -> int:
-    """This rank's share of the global batch ``train.batch_size``, which must split evenly over the processes."""
-    batch = config.train.batch_size
+def rank_batch_size(config: Config, world: World, objective: str = "xe") -> int:
+    """This rank's share of the global batch of ``objective`` (``train.batch_size``, or for ``scst``
+    ``train.scst_batch_size`` where set), which must split evenly over the processes."""
+    train = config.train
+    name, batch = (("scst_batch_size", train.scst_batch_size) if objective == "scst" and train.scst_batch_size
+                   else ("batch_size", train.batch_size))
     if batch % world.size:
-        raise CaptionerError(f"train.batch_size={batch} is the global batch: it must split evenly over "
+        raise CaptionerError(f"train.{name}={batch} is the global batch: it must split evenly over "
                              f"{world.size} processes")
     return batch // world.size
 
@@ -198,8 +201,9 @@ def make_optimizer(model, config: Config) -> torch.optim.Optimizer:
 
 def make_scheduler(optimizer, config: Config, steps_per_epoch: int) -> torch.optim.lr_scheduler.LRScheduler:
     """Per-step learning-rate factor: a linear warm-up over ``train.warmup_steps``, then ``none`` (constant),
-    ``step`` (times ``lr_gamma`` every ``lr_step_epochs``), ``cosine`` (to 0 at the last step) or ``rsqrt``
-    (``sqrt(warmup_steps / step)``, the Transformer's inverse-square-root decay)."""
+    ``step`` (times ``lr_gamma`` every ``lr_step_epochs``), ``cosine`` (to 0 at the last step), ``rsqrt``
+    (``sqrt(warmup_steps / step)``, the Transformer's inverse-square-root decay) or ``plateau`` (constant here: the
+    epochs' ends decay it, :func:`decay_on_plateau`)."""
     train = config.train
     kind, warmup = train.lr_schedule, train.warmup_steps
     total = max(1, train.epochs * steps_per_epoch)
@@ -208,9 +212,56 @@ def make_scheduler(optimizer, config: Config, steps_per_epoch: int) -> torch.opt
         "step": lambda step: train.lr_gamma ** (step // (steps_per_epoch * train.lr_step_epochs)),
         "cosine": lambda step: 0.5 * (1 + math.cos(math.pi * min(step, total) / total)),
         "rsqrt": lambda step: math.sqrt(max(warmup, 1) / max(step + 1, warmup, 1)),
+        "plateau": lambda step: 1.0,
     }
     decay = decays[kind]
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup if warmup else 1.0) * decay(step))
+
+
+def decay_on_plateau(run: "Run", state: "TrainState") -> None:
+    """``train.lr_schedule=plateau``: every ``train.lr_patience`` epochs in a row without a gain, the learning
+    rates (the scheduler's base rates, which its checkpoint keeps) times ``train.lr_gamma``."""
+    train = run.config.train
+    if train.lr_schedule != "plateau" or not state.stale or state.stale % train.lr_patience:
+        return
+    run.scheduler.base_lrs = [lr * train.lr_gamma for lr in run.scheduler.base_lrs]
+    for group, lr in zip(run.optimizer.param_groups, run.scheduler.get_last_lr()):
+        group["lr"] = lr * train.lr_gamma
+    log.info("no %s gain for %d epochs: learning rate %.3g", train.metric, state.stale,
+             run.optimizer.param_groups[0]["lr"])
+
+
+def self_critical_optimizer(run: "Run") -> None:
+    """The optimizer of self-critical training after cross-entropy: a fresh Adam at ``train.scst_lr`` (the
+    encoder's rate scaled alike), constant but for plateau decays."""
+    train = run.config.train
+    scale = (train.scst_lr or train.lr) / train.lr if train.lr else 1.0
+    config = dataclasses.replace(run.config, train=dataclasses.replace(
+        train, lr=train.lr * scale, encoder_lr=train.encoder_lr * scale))
+    run.optimizer = make_optimizer(run.model, config)
+    run.scheduler = torch.optim.lr_scheduler.LambdaLR(run.optimizer, lambda step: 1.0)
+
+
+def begin_self_critical(run: "Run", state: "TrainState") -> None:
+    """End the cross-entropy epochs of an SCST run: back to their best weights (``best.pt``), and a fresh
+    optimizer (:func:`self_critical_optimizer`); ``last.pt`` then resumes into self-critical training."""
+    barrier(run.world)
+    best = run.dir / "best.pt"
+    if best.exists():
+        run.model.load_state_dict(model_and_loss_states(load_checkpoint(best))[0])
+    self_critical_optimizer(run)
+    state.scst_from, state.stale = state.epoch, 0
+    tqdm.write(f"self-critical training from epoch {state.epoch + 1}, from the best cross-entropy epoch "
+               f"({run.config.train.metric} {state.best:.3f}), learning rate {run.optimizer.param_groups[0]['lr']:.3g}")
+    run.save(state)
+
+
+def cross_entropy_ends(config: Config, state: "TrainState") -> bool:
+    """True when an SCST run's cross-entropy epochs are over: ``train.scst_after_epoch`` of them, or fewer when
+    ``train.early_stopping`` epochs in a row brought no gain."""
+    train = config.train
+    return (train.objective == "scst" and state.scst_from is None
+            and (state.epoch >= train.scst_after_epoch or stopped_early(state, train)))
 
 
 def wrap_model(model: Captioner, world: World, device: torch.device) -> nn.Module:
@@ -255,7 +306,7 @@ def build_run(config: Config, world: World, device: torch.device, checkpoint: di
     self_critical = None
     if train.objective == "scst":
         loaders["scst"] = epoch_loader(make_dataset(config.data, train_records, vocab, model.encoder, pairs=False), config,
-                                       world, device, rank_batch, bucket=False)
+                                       world, device, rank_batch_size(config, world, "scst"), bucket=False)
         self_critical = make_self_critical(config, vocab, train_records)
     optimizer = make_optimizer(model, config)
     first = loaders["scst" if train.objective == "scst" and train.scst_after_epoch == 0 else "xe"]
@@ -339,11 +390,13 @@ def restore(run: Run, checkpoint: dict) -> TrainState:
     run.model.load_state_dict(model_state)
     if loss_state:
         run.loss.load_state_dict(loss_state)
+    known = {f.name for f in fields(TrainState)}
+    state = TrainState(**{k: v for k, v in checkpoint["progress"].items() if k in known})
+    if state.scst_from:         # past the switch from cross-entropy: the self-critical optimizer
+        self_critical_optimizer(run)
     run.optimizer.load_state_dict(checkpoint["optimizer"])
     run.scheduler.load_state_dict(checkpoint["scheduler"])
     set_rng_state(checkpoint["rng"])
-    known = {f.name for f in fields(TrainState)}
-    state = TrainState(**{k: v for k, v in checkpoint["progress"].items() if k in known})
     run.seconds_before = state.train_seconds
     log.info("resumed %s at epoch %d, step %d", run.dir, state.epoch + 1, state.step)
     return state
@@ -434,9 +487,9 @@ def train_one_epoch(run: Run, state: TrainState, stop: GracefulStop, progress: b
 
 
 def _train_one_epoch(run: Run, state: TrainState, stop: GracefulStop, progress: bool) -> bool:
-    train, objective = run.config.train, run.objective(state.epoch)
+    train, objective = run.config.train, run.objective(state)
     loader = run.loaders[objective]
-    loader.sampler.set_epoch(state.epoch, start=state.batch_in_epoch * run.rank_batch)
+    loader.sampler.set_epoch(state.epoch, start=state.batch_in_epoch * loader.batch_size)
     run.model.train()
     run.loss.train()
     words_seen, started = 0, time.perf_counter()
@@ -489,6 +542,7 @@ def end_epoch(run: Run, state: TrainState) -> bool:
     score = scores[train.metric]
     improved = score > state.best
     state.best, state.stale = (score, 0) if improved else (state.best, state.stale + 1)
+    decay_on_plateau(run, state)
     run.logger.log({"type": "val", "step": state.step, "epoch": state.epoch, "words_per_s": state.words_per_s, **scores})
     if run.world.is_main:
         tqdm.write(f"epoch {state.epoch}/{train.epochs}: " + " ".join(f"{k} {v:.3f}" for k, v in scores.items())
@@ -496,6 +550,9 @@ def end_epoch(run: Run, state: TrainState) -> bool:
     run.save(state)
     if improved:
         run.save(state, "best")
+    if cross_entropy_ends(run.config, state) and state.epoch < train.epochs:
+        begin_self_critical(run, state)
+        return True
     if stopped_early(state, train):
         tqdm.write(f"early stop: no {train.metric} gain for {state.stale} epochs")
         return False
@@ -551,6 +608,10 @@ def _train(config: Config, world: World, device: torch.device, *, resume: bool, 
     if not resume:
         clear_replaced_run(run_dir, world)
     state = restore(run, checkpoint) if checkpoint else TrainState()
+    if config.train.objective == "scst" and config.train.scst_after_epoch == 0:
+        state.scst_from = 0     # self-critical from the first epoch (from train.init_from's weights)
+    elif cross_entropy_ends(config, state) and state.epoch < config.train.epochs:
+        begin_self_critical(run, state)     # resumed (with more epochs) where the cross-entropy epochs ended
     run.precision = decide_precision(run, state)
     if config.train.compile:
         # after the precision probe, which times the eager step (compiled, its steps on one thread and both
