@@ -29,10 +29,12 @@ XE, SCST = "flickr8k_soft", "flickr8k_soft_scst"
 # a run's changes against its recipe that shape no number of its training step or decoding
 LENGTH_AND_START = ("train.epochs=", "train.val_max_images=", "train.init_from=", "run.seed=",
                     "data.features=", "data.max_val_images=")
-DECODINGS = {recipe: [f"decode.{key}={json.dumps(value)}"
-                      for key, value in load_config(recipes()[recipe]).to_dict()["decode"].items()]
-             for recipe in (XE, SCST)}
+DECODINGS = {recipe: load_config(recipes()[recipe]).to_dict()["decode"] for recipe in (XE, SCST)}
 """The two decodings of each best checkpoint: the cross-entropy recipe's ``decode`` section and the SCST recipe's."""
+
+
+def decode_overrides(decode: dict) -> list[str]:
+    return [f"decode.{key}={json.dumps(value)}" for key, value in decode.items()]
 
 
 def scored_run(folder: Path) -> dict:
@@ -51,13 +53,13 @@ def scored_run(folder: Path) -> dict:
     if sampled:
         row["last_epoch_samples"] = {key: round(sum(r[key] for r in sampled) / len(sampled), 4)
                                      for key in ("reward", "cut_share", "caption_length", "sample_entropy")}
-    for name, overrides in DECODINGS.items():
+    for name, decode in DECODINGS.items():
         scored = folder / f"val_{name}" / "scores_val.json"
-        if scored.exists() and scored.stat().st_mtime > (folder / "best.pt").stat().st_mtime:
-            scores = json.loads(scored.read_text())        # scored since best.pt was written
-        else:
+        scores = json.loads(scored.read_text()) if scored.exists() else None
+        if not scores or scores["decode"] != decode or scored.stat().st_mtime < (folder / "best.pt").stat().st_mtime:
+            # not scored with this decoding since best.pt was written
             scores = evaluate_checkpoint(folder / "best.pt", "val", out_dir=scored.parent, progress=False,
-                                         overrides=["data.max_val_images=null", *overrides])
+                                         overrides=["data.max_val_images=null", *decode_overrides(decode)])
         diversity = scores["diversity"]
         row["decoded"][name] = {
             "images": scores["images"], **{k: round(scores[k], 4) for k in ("BLEU-4", "METEOR", "CIDEr")},
@@ -70,15 +72,15 @@ def scored_run(folder: Path) -> dict:
 
 
 def made_by(rows: list[dict]) -> tuple[list[str], list[str]]:
-    """The configs and probes of the result: each row's recipe with the changes that shape its numbers, trained and
-    with each of :data:`DECODINGS`."""
+    """The configs and probes of the result: each row's recipe with the changes that shape its training (trained as
+    it was), and the decoding probes of :data:`DECODINGS`."""
     configs = []
     for row in rows:
-        changes = [c for c in row["changes"] if not c.startswith(LENGTH_AND_START) and not c.startswith("decode.")]
+        changes = [c for c in row["changes"] if not c.startswith((*LENGTH_AND_START, "decode."))]
         configs.append(" ".join([row["recipe"], *changes]))
     configs = list(dict.fromkeys(configs))
     probes = ["text", "metrics", *(f"train {config}" for config in configs),
-              *(f"decode {XE} {' '.join(overrides)}" for overrides in DECODINGS.values())]
+              *(" ".join(["decode", XE, *decode_overrides(decode)]) for decode in DECODINGS.values())]
     return configs, probes
 
 

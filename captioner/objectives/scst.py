@@ -77,8 +77,12 @@ class SelfCritical:
     def rewards(self, tokens: torch.Tensor, image_ids: Sequence[int]) -> torch.Tensor:
         """The reward of each row of ``tokens`` (N, T) for its image; a row without ``<end>`` was cut at the
         length limit, and is scored as such."""
-        ended = (tokens == self.vocab.end_index).any(dim=1).tolist()
+        ended = self.ended(tokens).tolist()
         return torch.from_numpy(self.reward(caption_words(tokens, self.vocab), list(image_ids), ended)).float()
+
+    def ended(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Per row of ``tokens`` (N, T): whether it wrote ``<end>`` (else it was cut at the length limit)."""
+        return (tokens == self.vocab.end_index).any(dim=1)
 
     def __call__(self, decoder, regions: torch.Tensor, image_ids: Sequence[int]) -> dict[str, torch.Tensor]:
         """The loss of one batch: ``regions`` (B, L, D) of the images ``image_ids``; the decoder in training mode."""
@@ -99,10 +103,9 @@ class SelfCritical:
         if "attention_entropy" in out and self.entropy_weight:
             loss = loss - self.entropy_weight * out["attention_entropy"]
         words = (drawn.mask & (drawn.tokens != self.vocab.end_index)).sum(dim=1).float()
-        cut = (drawn.tokens != self.vocab.end_index).all(dim=1).float()     # reached max_length without <end>
         return {**out, "loss": loss, "words": drawn.mask.sum(), "reward": rewards.mean(), "baseline": baseline.mean(),
                 "sample_entropy": (drawn.entropy * mask).sum() / mask.sum(), "caption_length": words.mean(),
-                "cut_share": cut.mean()}
+                "cut_share": (~self.ended(drawn.tokens)).float().mean()}
 
     @torch.no_grad()
     def greedy_rewards(self, decoder, regions: torch.Tensor, image_ids: Sequence[int]) -> torch.Tensor:

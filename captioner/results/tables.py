@@ -221,10 +221,10 @@ def scst_diagnosis(result: dict) -> list[str]:
                            *(("model.",) if run.get("init_from") else ()))      # a start's model is its own
         changes = [c for c in run["changes"] if not c.startswith(shown_elsewhere)]
         samples = run.get("last_epoch_samples")
-        start = Path(run["init_from"]).parent.name if run.get("init_from") else "–"
+        start = f"`{Path(run['init_from']).parent.name}`" if run.get("init_from") else "–"
         for first, (mode, scored) in zip((True, False), run["decoded"].items()):
-            named = (f"`{run['run']}`", ", ".join(f"`{c}`" for c in changes) or "–", f"`{start}`" if run.get(
-                "init_from") else start, ", ".join(number(point["CIDEr"]) for point in run["val_curve"]),
+            named = (f"`{run['run']}`", ", ".join(f"`{c}`" for c in changes) or "–", start,
+                     ", ".join(number(point["CIDEr"]) for point in run["val_curve"]),
                 f"{number(samples['reward'])}, {number(samples['cut_share'], 2)}" if samples else "–")
             lines.append(row(*(named if first else ("",) * 5), f"`{mode}`'s",
                              number(scored["BLEU-4"]), number(scored["METEOR"]), number(scored["CIDEr"]),

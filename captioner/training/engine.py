@@ -531,7 +531,8 @@ def validate(model, val_set: CaptionDataset, vocab: Vocabulary, config: Config, 
 
 
 def end_epoch(run: Run, state: TrainState) -> bool:
-    """Validate, keep the best checkpoint, save ``last``; returns False when early stopping ends the run."""
+    """Validate, keep the best checkpoint, save ``last``; returns False when early stopping ends the run (not
+    when it ends an SCST run's cross-entropy epochs)."""
     train = run.config.train
     if state.step == 0:     # nothing learnt: a checkpoint now would be an untrained model called best.pt
         raise CaptionerError(f"{run.dir}: a whole epoch without one training step: every batch was skipped "
@@ -550,10 +551,7 @@ def end_epoch(run: Run, state: TrainState) -> bool:
     run.save(state)
     if improved:
         run.save(state, "best")
-    if cross_entropy_ends(run.config, state) and state.epoch < train.epochs:
-        begin_self_critical(run, state)
-        return True
-    if stopped_early(state, train):
+    if stopped_early(state, train) and not cross_entropy_ends(run.config, state):
         tqdm.write(f"early stop: no {train.metric} gain for {state.stale} epochs")
         return False
     return True
@@ -610,8 +608,6 @@ def _train(config: Config, world: World, device: torch.device, *, resume: bool, 
     state = restore(run, checkpoint) if checkpoint else TrainState()
     if config.train.objective == "scst" and config.train.scst_after_epoch == 0:
         state.scst_from = 0     # self-critical from the first epoch (from train.init_from's weights)
-    elif cross_entropy_ends(config, state) and state.epoch < config.train.epochs:
-        begin_self_critical(run, state)     # resumed (with more epochs) where the cross-entropy epochs ended
     run.precision = decide_precision(run, state)
     if config.train.compile:
         # after the precision probe, which times the eager step (compiled, its steps on one thread and both
@@ -626,7 +622,11 @@ def _train(config: Config, world: World, device: torch.device, *, resume: bool, 
     stopped = False
     try:
         with GracefulStop() as stop:
-            while state.epoch < config.train.epochs and not stopped_early(state, config.train):
+            while state.epoch < config.train.epochs:
+                if cross_entropy_ends(config, state):       # after its last epoch, or resumed there
+                    begin_self_critical(run, state)
+                elif stopped_early(state, config.train):    # a resumed run that had stopped early stays stopped
+                    break
                 if not train_one_epoch(run, state, stop, progress):
                     run.save(state)
                     stopped = True
