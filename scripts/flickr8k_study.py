@@ -2,8 +2,10 @@
 (6,000 training and 1,000 validation photos of ``data/flickr8k``, the recipes' own data, which ``captioner data
 flickr8k --root data/flickr8k`` makes; VGG-19 conv5_4 features, 14 x 14 x 512), beside Xu et al. (2015), Table 1.
 
-Each run trains a shipped recipe (``flickr8k_full_soft``, ``flickr8k_full_hard``, ``flickr8k_full_transformer``),
-or its no-attention ablation, with one seed; scores its best checkpoint on all 1,000 validation photos (beam and
+Each run trains a shipped recipe (``flickr8k_full_soft``, ``flickr8k_full_hard``, ``flickr8k_full_transformer``, and
+the two that go on with self-critical training, ``flickr8k_full_soft_scst`` and ``flickr8k_full_transformer_scst``),
+or its no-attention ablation, with one seed; scores its best checkpoint (and an SCST run's cross-entropy start,
+``cross_entropy.pt``, the same way) on all 1,000 validation photos (beam and
 decoding of the recipe): BLEU-1..4, METEOR, ROUGE-L, CIDEr, the words used, distinct captions, repeated bigrams,
 attention entropy and peak; grounds its attention on coco-mini (``$CAPTIONER_COCO_MINI``, default
 ``data/coco-mini``: COCO photos with their instance masks, see ``scripts/coco_mini.py``: pointing, mass in the
@@ -40,7 +42,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 RESULTS = "flickr8k_full"
 RUNS = ROOT / "runs" / "flickr8k_full"
-KINDS = {"soft": "flickr8k_full_soft", "hard": "flickr8k_full_hard", "transformer": "flickr8k_full_transformer"}
+KINDS = {"soft": "flickr8k_full_soft", "hard": "flickr8k_full_hard", "transformer": "flickr8k_full_transformer",
+         "soft_scst": "flickr8k_full_soft_scst", "transformer_scst": "flickr8k_full_transformer_scst"}
 # the no-attention ablation of each recipe: the context is the mean of the regions at every word
 ABLATION = {"soft": ["model.lstm.attention=none", "model.lstm.attention_mode=soft"],
             "hard": ["model.lstm.attention=none", "model.lstm.attention_mode=soft"],
@@ -80,6 +83,8 @@ def run(kind: str, seed: int, ablation: bool, extra: list[str]) -> dict:
     seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu_started
     checkpoint = trained["checkpoint"]
     val = evaluate_checkpoint(checkpoint, "val", out_dir=out, progress=False)
+    start = out / "cross_entropy.pt"        # an SCST recipe's cross-entropy start, scored the same way
+    start_val = evaluate_checkpoint(start, "val", out_dir=out / "start", progress=False) if start.exists() else None
     coco = {}
     if COCO_MINI.exists() and not ablation:
         features = coco_mini_features(config.data.features)
@@ -97,6 +102,9 @@ def run(kind: str, seed: int, ablation: bool, extra: list[str]) -> dict:
               "validation_images": val["images"],
               "val": {k: round(val[k], 4) for k in METRICS},
               "diversity": {k: round(v, 4) for k, v in val["diversity"].items()},
+              "start": {"epochs": progress.get("scst_from"), "val": {k: round(start_val[k], 4) for k in METRICS},
+                        "diversity": {k: round(v, 4) for k, v in start_val["diversity"].items()}}
+              if start_val else None,
               "attention": {k: round((val.get("attention") or {}).get(k, float("nan")), 4)
                             for k in ("mean_entropy", "uniform_entropy", "peak_ratio")} if val.get("attention") else None,
               "coco_mini": {k: round(grounding[k], 4) for k in ("pointing_accuracy", "attention_inside",
@@ -122,6 +130,8 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)   # each run's start-up facts: device, precision chosen
     if args.restart:
         (RESULTS_DIR / f"{RESULTS}.json").unlink(missing_ok=True)
+    if args.ablation and args.kind not in ABLATION:
+        parser.error(f"{args.kind} has no ablation: one of {', '.join(sorted(ABLATION))}")
     try:
         run(args.kind, args.seed, args.ablation, args.overrides)
     except CaptionerError as err:

@@ -158,7 +158,7 @@ def test_cross_entropy_that_stops_gaining_hands_its_best_epoch_to_scst_and_resum
                                                                                             monkeypatch):
     scst = {"objective": "scst", "scst_after_epoch": 10, "early_stopping": 2, "scst_lr": 0.001, "lr": 0.005,
             "scst_samples": 3, "scst_batch_size": 4, "epochs": 5}
-    scores = (0.5, 0.4, 0.3, 0.45, 0.42)        # cross-entropy's best at epoch 1, no gain at 2 and 3: the switch
+    scores = (0.5, 0.4, 0.3, 0.55, 0.42)        # cross-entropy's best at epoch 1, no gain at 2 and 3: the switch
     switched = []
 
     def begin(run, state):
@@ -173,9 +173,10 @@ def test_cross_entropy_that_stops_gaining_hands_its_best_epoch_to_scst_and_resum
     assert objectives == {1: ("xe", 0.005), 2: ("xe", 0.005), 3: ("xe", 0.005), 4: ("scst", 0.001), 5: ("scst", 0.001)}
     assert result["step"] == 3 * 5 + 2 * 3                              # 24 pairs / 5, then 12 images / 4 per epoch
     assert result["epochs"] == 5 and torch.load(tmp_path / "full" / "last.pt", weights_only=True)["progress"]["scst_from"] == 3
-    best = torch.load(tmp_path / "full" / "best.pt", weights_only=True)
-    assert best["progress"]["epoch"] == 1 and len(switched) == 1       # self-critical from epoch 1's weights
-    assert all(torch.equal(switched[0][k], best["model"][k]) for k in best["model"])
+    start = torch.load(tmp_path / "full" / "cross_entropy.pt", weights_only=True)
+    assert start["progress"]["epoch"] == 1 and len(switched) == 1      # self-critical from epoch 1's weights, kept
+    assert all(torch.equal(switched[0][k], start["model"][k]) for k in start["model"])
+    assert torch.load(tmp_path / "full" / "best.pt", weights_only=True)["progress"]["epoch"] == 4   # SCST's gain
     # stopped at the switch, resumed with the epochs left: the same weights as the run in one go
     monkeypatch.setattr(engine, "validate", scripted_validation(*scores[:3]))
     train(tiny_config(tiny_coco, tmp_path / "split", train={**scst, "epochs": 3}))

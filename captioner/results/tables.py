@@ -91,8 +91,9 @@ def mean_spread(values: list[float], digits: int = 3) -> str:
 
 def flickr8k_full(result: dict) -> list[str]:
     """The Flickr8k study (``scripts/flickr8k_study.py``): one line per recipe and ablation, the mean over its seeds
-    with their spread, on the 1,000 validation photos; coco-mini pointing beside the uniform map's and the centre's;
-    then the paper's Table 1 rows (on the official test split)."""
+    with their spread, on the 1,000 validation photos (an SCST recipe's cross-entropy start on the line above it);
+    coco-mini pointing beside the uniform map's and the centre's; then the paper's Table 1 rows (on the official test
+    split)."""
     groups: dict[tuple[str, bool], list[dict]] = {}
     for run in result["runs"].values():
         groups.setdefault((run["recipe"], run["ablation"]), []).append(run)
@@ -110,6 +111,13 @@ def flickr8k_full(result: dict) -> list[str]:
                    "peak / uniform", "coco-mini pointing (uniform, centre)", "coco-mini mass in mask (uniform)",
                    "train CPU min")
     for (recipe, ablation), runs in sorted(groups.items()):
+        starts = values(runs, "start")
+        if starts:
+            lines.append(row(f"`{recipe}`: its cross-entropy start", len(starts),
+                             *(mean_spread(values(starts, "val", m)) for m in CAPTION_METRICS),
+                             mean_spread(values(starts, "diversity", "vocabulary_used"), 0),
+                             mean_spread(values(starts, "diversity", "distinct_captions"), 2),
+                             mean_spread(values(starts, "diversity", "repeated_bigram"), 2), *(["–"] * 5)))
         pointing = values(runs, "coco_mini", "pointing_accuracy")
         lines.append(row(f"`{recipe}`" + (" without attention" if ablation else ""), len(runs),
                          *(mean_spread(values(runs, "val", m)) for m in CAPTION_METRICS),

@@ -1,9 +1,10 @@
 """The training engine: ``train`` (the whole run, resumable), ``train_one_epoch`` and ``validate``.
 
 A run directory holds ``config.yaml`` (the resolved config), ``last.pt`` and ``best.pt`` (see
-:mod:`captioner.checkpoint`), ``metrics.jsonl`` (one JSON object per log line) and the wandb folder when
-wandb is on. ``train(..., resume=True)`` continues from ``last.pt`` exactly where an uninterrupted run would
-be: same data order, same random state, same optimizer and loss state.
+:mod:`captioner.checkpoint`; an SCST run also keeps its cross-entropy start, ``cross_entropy.pt``),
+``metrics.jsonl`` (one JSON object per log line) and the wandb folder when wandb is on. ``train(..., resume=True)``
+continues from ``last.pt`` exactly where an uninterrupted run would be: same data order, same random state, same
+optimizer and loss state.
 
 Everything the steps of a run share lives in a :class:`Run`; what changes from step to step (and is saved)
 in a :class:`TrainState`.
@@ -28,6 +29,7 @@ from captioner.checkpoint import build_model, data_record, load_checkpoint, mode
 from captioner.config import Config, TrainConfig, complete, save_config
 from captioner.core.console import progress_bar
 from captioner.core.devices import describe_device
+from captioner.core.files import atomic_write
 from captioner.core.randomness import rng_state, seed_everything, set_rng_state
 from captioner.data.dataset import (
     CaptionDataset,
@@ -137,8 +139,8 @@ def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool, world: Worl
     barrier(world)
 
 
-REPLACED_RUN_FILES = ("last.pt", "best.pt", "metrics.jsonl", "captions_*.json", "scores_*.json", "nbest_*.json",
-                      "grounding_*.json", "grounding_references_*.json")
+REPLACED_RUN_FILES = ("last.pt", "best.pt", "cross_entropy.pt", "metrics.jsonl", "captions_*.json", "scores_*.json",
+                      "nbest_*.json", "grounding_*.json", "grounding_references_*.json")
 """What a new run removes from its folder: the checkpoints and metrics of the run it replaces (or of one
 that failed before its first checkpoint) and the evaluation files that describe that run's model."""
 
@@ -243,12 +245,15 @@ def self_critical_optimizer(run: "Run") -> None:
 
 
 def begin_self_critical(run: "Run", state: "TrainState") -> None:
-    """End the cross-entropy epochs of an SCST run: back to their best weights (``best.pt``), and a fresh
-    optimizer (:func:`self_critical_optimizer`); ``last.pt`` then resumes into self-critical training."""
+    """End the cross-entropy epochs of an SCST run: back to their best weights (``best.pt``, kept as
+    ``cross_entropy.pt``: the start that SCST's gain is measured against), and a fresh optimizer
+    (:func:`self_critical_optimizer`); ``last.pt`` then resumes into self-critical training."""
     barrier(run.world)
     best = run.dir / "best.pt"
     if best.exists():
         run.model.load_state_dict(model_and_loss_states(load_checkpoint(best))[0])
+        if run.world.is_main:
+            atomic_write(run.dir / "cross_entropy.pt", lambda handle: handle.write(best.read_bytes()))
     self_critical_optimizer(run)
     state.scst_from, state.stale = state.epoch, 0
     tqdm.write(f"self-critical training from epoch {state.epoch + 1}, from the best cross-entropy epoch "
