@@ -18,6 +18,7 @@ several sessions loses nothing: the JSON is committed, the checkpoints (research
     python scripts/flickr8k_study.py soft --seed 0              # flickr8k_full_soft, seed 0
     python scripts/flickr8k_study.py soft --seed 0 --ablation   # its ablation (model.lstm.attention=none)
     python scripts/flickr8k_study.py hard --seed 1 -- train.epochs=2   # overrides after --: a trial, not saved
+    python scripts/flickr8k_study.py soft_scst --seed 0 --resume      # a run stopped (Ctrl-C) or killed: go on
     python scripts/render_results.py                                 # the table on docs/results.md
 """
 
@@ -66,9 +67,10 @@ def run_name(kind: str, seed: int, ablation: bool) -> str:
     return f"{kind}{'_none' if ablation else ''}_s{seed}"
 
 
-def run(kind: str, seed: int, ablation: bool, extra: list[str]) -> dict:
-    """Train, score on all validation photos, ground on coco-mini; the result as saved (or, with ``extra``
-    overrides, printed only: a trial is not the recipe)."""
+def run(kind: str, seed: int, ablation: bool, extra: list[str], resume: bool = False) -> dict:
+    """Train (or, with ``resume``, go on from the run's ``last.pt``), score on all validation photos, ground on
+    coco-mini; the result as saved (or, with ``extra`` overrides, printed only: a trial is not the recipe). A run
+    stopped before its end is not scored: it says how to go on."""
     from captioner.training.engine import train
     from captioner.workflows.evaluate import evaluate_checkpoint
 
@@ -79,8 +81,11 @@ def run(kind: str, seed: int, ablation: bool, extra: list[str]) -> dict:
     config = load_config(recipe, overrides)
     ensure_features(recipe, config.data.features, [], ["train", "val"])
     started, cpu_started = time.perf_counter(), time.process_time()
-    trained = train(config, overwrite=True)
+    trained = train(config, resume=resume, overwrite=not resume)
     seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu_started
+    if trained["stopped"]:
+        raise SystemExit(f"{out}: stopped at epoch {trained['epochs']}; go on with: python scripts/flickr8k_study.py "
+                         f"{kind} --seed {seed}{' --ablation' if ablation else ''} --resume")
     checkpoint = trained["checkpoint"]
     val = evaluate_checkpoint(checkpoint, "val", out_dir=out, progress=False)
     start = out / "cross_entropy.pt"        # an SCST recipe's cross-entropy start, scored the same way
@@ -98,7 +103,9 @@ def run(kind: str, seed: int, ablation: bool, extra: list[str]) -> dict:
               "overrides": overrides[:-1 - len(extra)] + extra if extra else overrides[:-1],
               "epochs": trained["epochs"], "best_val_metric": {config.train.metric: round(trained["best"], 4)},
               "precision": progress.get("amp"),
-              "train_seconds": round(seconds, 1), "train_cpu_seconds": round(cpu_seconds, 1),
+              # resumed: the wall time of all its parts (as the checkpoint keeps it); the CPU time of the last is no sum
+              "train_seconds": round(trained["train_seconds"] if resume else seconds, 1),
+              "train_cpu_seconds": None if resume else round(cpu_seconds, 1), "resumed": resume,
               "validation_images": val["images"],
               "val": {k: round(val[k], 4) for k in METRICS},
               "diversity": {k: round(v, 4) for k, v in val["diversity"].items()},
@@ -123,6 +130,7 @@ def main() -> None:
     parser.add_argument("kind", choices=sorted(KINDS), help="the recipe: flickr8k_full_KIND")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--ablation", action="store_true", help="the recipe's no-attention ablation")
+    parser.add_argument("--resume", action="store_true", help="go on with the run from its last.pt, then score it")
     parser.add_argument("--restart", action="store_true",
                         help="drop the saved runs, made with other settings or another behaviour of the code")
     parser.add_argument("overrides", nargs="*", help="after --: overrides for a trial run (printed, not saved)")
@@ -133,7 +141,7 @@ def main() -> None:
     if args.ablation and args.kind not in ABLATION:
         parser.error(f"{args.kind} has no ablation: one of {', '.join(sorted(ABLATION))}")
     try:
-        run(args.kind, args.seed, args.ablation, args.overrides)
+        run(args.kind, args.seed, args.ablation, args.overrides, args.resume)
     except CaptionerError as err:
         raise SystemExit(str(err)) from None
 
