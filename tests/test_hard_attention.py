@@ -132,6 +132,20 @@ def test_per_word_reward_is_the_log_likelihood_divided_by_caption_length():
         load_config(None, ["loss.hard_reward=per_token"])       # refused when the config is read
 
 
+def test_label_smoothing_mixes_uniform_targets_into_the_likelihood_term_not_into_the_reward():
+    decoder = make_hard(expectation_probability=0.5).train()
+    torch.manual_seed(1)
+    out = decoder(torch.randn(3, 6, 6), CAPTIONS)
+    targets = CAPTIONS[:, 1:]
+    plain, smoothed = hard_loss()(out, targets), hard_loss(label_smoothing=0.1)(out, targets)
+    real = targets != 0
+    spread = -torch.log_softmax(padded_logits(out, real), -1)[real].mean(-1).sum() / real.sum()
+    for name in ("cross_entropy", "reward", "reinforce", "words"):     # reported and REINFORCE terms: unsmoothed
+        torch.testing.assert_close(smoothed[name], plain[name])
+    torch.testing.assert_close(smoothed["loss"], plain["loss"] + 0.1 * (spread - plain["cross_entropy"]))
+    assert not torch.isclose(smoothed["loss"], plain["loss"])
+
+
 def test_entropy_bonus_raises_entropy():
     decoder = make_hard(expectation_probability=0.0).train()
     features = torch.randn(8, 6, 6)

@@ -29,8 +29,9 @@ class LossConfig:
     doubly_stochastic_scale: str = setting(
         "caption", "caption: the term per caption | word: per word, as the cross-entropy (the paper's balance)",
         choices=("caption", "word"))
-    label_smoothing: float = setting(0.0, "mix of the uniform distribution into the word targets (not applied by hard "
-                                     "attention's loss)", minimum=0, below=1)
+    label_smoothing: float = setting(0.0, "mix of the uniform distribution into the word targets (hard attention: "
+                                     "into its likelihood term; its reward stays the plain log-likelihood)",
+                                     minimum=0, below=1)
     entropy_weight: float = setting(0.002, "hard attention: lambda_e of the entropy bonus", minimum=0)
     baseline_decay: float = setting(0.9, "hard attention: b_k = decay * b_{k-1} + (1 - decay) * reward",
                                     minimum=0, maximum=1)
@@ -112,7 +113,8 @@ class HardAttentionLoss(nn.Module):
 
     Rows in ``out.expectation_rows`` get the likelihood gradient alone; terms are per real word. ``r`` is
     ``log p(y|s,a)``, per caption or per word (``hard_reward``); ``b`` (``hard_baseline``) a moving average,
-    updated in training mode, or the mean reward of the caption's other samples.
+    updated in training mode, or the mean reward of the caption's other samples. ``label_smoothing`` mixes the
+    uniform targets into the likelihood term only (as :func:`caption_loss` does); the reward stays unsmoothed.
     """
 
     def __init__(self, loss_config: LossConfig):
@@ -139,7 +141,11 @@ class HardAttentionLoss(nn.Module):
         entropy = (out.entropy.float() * mask).sum() / words
         result = {"cross_entropy": cross_entropy, "words": words, "reinforce": reinforce, "entropy": entropy,
                   "reward": reward.mean(), "baseline": self.baseline.detach().clone()}
-        loss = cross_entropy + reinforce - c.entropy_weight * entropy
+        word_loss = cross_entropy
+        if c.label_smoothing > 0:       # -sum_w mean_v log p_w(v), the uniform targets' cross-entropy
+            spread = -F.log_softmax(out.logits.float(), dim=-1).mean(dim=-1).sum()
+            word_loss = (1 - c.label_smoothing) * cross_entropy + c.label_smoothing * spread / words
+        loss = word_loss + reinforce - c.entropy_weight * entropy
         if c.doubly_stochastic > 0:
             result["attention"] = doubly_stochastic_term(out.alpha, mask, c.doubly_stochastic, c.doubly_stochastic_scale)
             loss = loss + result["attention"]
