@@ -72,6 +72,9 @@ class LSTMDecoderConfig:
         "mean of the regions, as the expectation rows of training)", choices=("argmax", "sample", "expectation"))
     expectation_probability: float = setting(
         0.5, "hard training: a caption uses alpha instead of a sample (paper: 0.5)", minimum=0, maximum=1)
+    expectation_draw: str = setting(
+        "caption", "hard training: that choice drawn for each caption | batch: once per training step for all its "
+        "captions (the paper's code, capgen.py)", choices=("caption", "batch"))
     location_samples: int = setting(1, "hard training: location samples drawn per caption", minimum=1)
     marginal_regions: int = setting(
         0, "marginal attention: the regions in each word's mixture, those of highest alpha (alpha renormalised over "
@@ -303,10 +306,13 @@ class LSTMDecoder(nn.Module):
 
     def location_copies(self, features: torch.Tensor, captions: torch.Tensor):
         """Hard-attention training rows (§4.1): each caption goes on the expectation (``alpha`` itself) with
-        probability ``expectation_probability``, once; else it is repeated for ``location_samples`` draws of its
-        locations. Returns the rows' ``features`` (B', L, D) and ``captions`` (B', T+1), ``repeats`` (B,) the rows
-        of each caption (adjacent), and ``expectation_rows`` (B',) bool."""
-        on_expectation = torch.rand(captions.shape[0], device=captions.device) < self.config.expectation_probability
+        probability ``expectation_probability`` (drawn per caption, or once for all of them: ``expectation_draw``),
+        once; else it is repeated for ``location_samples`` draws of its locations. Returns the rows' ``features``
+        (B', L, D) and ``captions`` (B', T+1), ``repeats`` (B,) the rows of each caption (adjacent), and
+        ``expectation_rows`` (B',) bool."""
+        draws = captions.shape[0] if self.config.expectation_draw == "caption" else 1
+        on_expectation = torch.rand(draws, device=captions.device) < self.config.expectation_probability
+        on_expectation = on_expectation.expand(captions.shape[0])
         repeats = torch.where(on_expectation, 1, self.config.location_samples)
         if self.config.location_samples > 1:
             features, captions = features.repeat_interleave(repeats, 0), captions.repeat_interleave(repeats, 0)
