@@ -22,6 +22,13 @@ z_t, and the word distribution is the mixture over regions of eq. 7 with z_t = b
 
 so the likelihood needs no estimator; over the ``marginal_regions`` regions of highest alpha_t only, if set (alpha_t
 renormalised over them), which bounds the output layer's cost at that many evaluations per word.
+
+Variational attention (Deng et al. 2018) keeps the latent region and trains it by REINFORCE with a better proposal:
+a posterior q_t over the regions, scored from h_{t-1} and a bidirectional LSTM's reading of the whole caption at
+word t, proposes s_t ~ q_t; the word term log p(y_t | a_{s_t}) trains the decoder, its excess over the soft context's
+log p(y_t | z_t) rewards q, and KL(q_t || alpha_t), exact over the L regions, trains alpha (see
+:class:`captioner.objectives.losses.VariationalAttentionLoss`). The recurrence reads the soft context, and so does
+decoding: q needs the caption, which decoding does not have.
 """
 
 from __future__ import annotations
@@ -54,7 +61,9 @@ class LSTMDecoderConfig:
                                     choices=ACTIVATIONS)
     attention_mode: str = setting(
         "soft", "soft | hard (stochastic hard attention trained with REINFORCE) | marginal (one region per word summed "
-        "out exactly: p(y_t) = sum_i alpha_ti p(y_t | a_i), no estimator)", choices=("soft", "hard", "marginal"))
+        "out exactly: p(y_t) = sum_i alpha_ti p(y_t | a_i), no estimator) | variational (one region per word drawn "
+        "from a posterior that also reads the caption, trained by REINFORCE against the soft context, with the exact "
+        "KL to alpha; decodes with the soft context)", choices=("soft", "hard", "marginal", "variational"))
     attention_dim: int = setting(512, "A: size of the projected regions and query in the score", minimum=1)
     embed_dim: int = setting(512, "word embedding size (and of the deep output layer)", minimum=1)
     hidden_dim: int = setting(512, "LSTM state size", minimum=1)
@@ -76,6 +85,9 @@ class LSTMDecoderConfig:
         "caption", "hard training: that choice drawn for each caption | batch: once per training step for all its "
         "captions (the paper's code, capgen.py)", choices=("caption", "batch"))
     location_samples: int = setting(1, "hard training: location samples drawn per caption", minimum=1)
+    posterior_dim: int = setting(
+        256, "variational attention: size of each direction of the LSTM that reads the caption for the posterior",
+        minimum=1)
     marginal_regions: int = setting(
         0, "marginal attention: the regions in each word's mixture, those of highest alpha (alpha renormalised over "
         "them); 0: all L, the exact marginal likelihood", minimum=0)
@@ -89,7 +101,7 @@ class LSTMDecoderConfig:
         """Each setting's type, choices and bounds, then the settings that depend on one another (a ValueError
         names the one that does not fit)."""
         check_settings(self, "model.lstm")
-        if self.attention_mode != "soft" and self.attention == "none":
+        if self.attention_mode != "soft" and self.attention == "none":  # hard, marginal and variational read alpha
             raise ValueError(f"{self.attention_mode} attention needs an attention score (attention must not be none)")
         if self.region_position == "sinusoidal" and self.position_dim % 4:
             raise ValueError(f"position_dim must be a multiple of 4 for a 2-D position code, got {self.position_dim}")
@@ -133,11 +145,20 @@ class LSTMDecoder(nn.Module):
         self.out_context = nn.Linear(d, c.embed_dim, bias=False)               # L_z
         self.dropout = nn.Dropout(c.dropout)
         self.out_words = nn.Linear(c.embed_dim, c.vocab_size)                   # L_o
+        if self.variational:        # q(s_t | a, h_{t-1}, y): the caption read both ways, scored as alpha is
+            self.caption_reader = nn.LSTM(c.embed_dim, c.posterior_dim, batch_first=True, bidirectional=True)
+            self.posterior = RegionAttention(c.attention, d, c.hidden_dim + 2 * c.posterior_dim, c.attention_dim,
+                                             c.learned_sharpness, c.score_activation)
 
     @property
     def samples_locations(self) -> bool:
         """Stochastic hard attention (see :mod:`captioner.models.decoder`)."""
         return self.config.samples_locations
+
+    @property
+    def variational(self) -> bool:
+        """Variational attention: trained by :class:`~captioner.objectives.losses.VariationalAttentionLoss`."""
+        return self.config.attention_mode == "variational"
 
     # -- pieces shared by teacher forcing and step-by-step decoding ---------------------------------
     def prepare_regions(self, features: torch.Tensor) -> torch.Tensor:
@@ -188,7 +209,7 @@ class LSTMDecoder(nn.Module):
         if self.gate is not None:   # beta_t = sigmoid(f_beta(h_{t-1})) (§4.2.1)
             beta = torch.sigmoid(self.gate(h) if gate_logit is None else gate_logit)
             z = beta * z
-            if self.config.attention_mode == "marginal":
+            if self.config.attention_mode in ("marginal", "variational"):
                 location_info["gate"] = beta
         return z, alpha, location_info
 
@@ -298,11 +319,45 @@ class LSTMDecoder(nn.Module):
             deep = self.deep_output(embedded, torch.cat(hs), torch.cat(zs))          # (W, E), packed
             logits = self.out_words(self.dropout(deep.index_select(0, to_packed[real])))
         out = TeacherForced(logits=logits, alpha=_unpack(torch.cat(alphas), to_packed), repeats=repeats)
+        if self.variational and self.training:
+            targets = self.embedding(captions[:, 1:].index_select(0, order))           # (B, T, E): y_1 .. y_T
+            drawn = self.posterior_draws(regions, targets, lengths.index_select(0, order), running, h, hs, alphas,
+                                         infos, embedded)
+            out.sampled_logits = drawn["logits"].index_select(0, to_packed[real])
+            out.log_prob_location = _unpack(drawn["log_prob"], to_packed)
+            out.kl = _unpack(drawn["kl"], to_packed)
+            out.locations = _unpack(drawn["locations"], to_packed)
         if sampling:
             out.log_prob_location = _unpack(torch.cat([i["log_prob_location"] for i in infos]), to_packed)
             out.entropy = _unpack(torch.cat([i["entropy"] for i in infos]), to_packed)
             out.expectation_rows = expectation_rows
         return out
+
+    def posterior_draws(self, regions, targets, lengths, running: list[int], h0, hs, alphas, infos, embedded) -> dict:
+        """Variational attention in training, over rows sorted longest first (as :meth:`forward` runs them): the
+        posterior ``q_t`` (n, L) of each step from ``h_{t-1}`` and the caption reader's output at word t (``targets``
+        (B, T, E) the embedded words to predict, ``lengths`` (B,)), one region ``s_t ~ q_t`` per word, and, packed
+        (W, ...): the word ``logits`` (W, V) of the deep output layer at ``beta_t a_{s_t}``, ``log_prob`` log q(s_t),
+        ``kl`` KL(q_t || alpha_t) over the L regions, and the ``locations`` s_t."""
+        reading = nn.utils.rnn.pack_padded_sequence(targets, lengths.cpu(), batch_first=True)
+        reading = nn.utils.rnn.pad_packed_sequence(self.caption_reader(reading)[0], batch_first=True)[0]  # (B, T, 2U)
+        keys = self.posterior.project_regions(regions)
+        posteriors = []
+        for t, n in enumerate(running):
+            h_prev = (h0 if t == 0 else hs[t - 1])[:n]
+            query = torch.cat([h_prev, reading[:n, t].to(h_prev.dtype)], dim=1)
+            posteriors.append(self.posterior(None if keys is None else keys[:n], query, regions.shape[1]))
+        q, alpha = torch.cat(posteriors).float(), torch.cat(alphas).float()                # (W, L)
+        log_q = q.clamp_min(1e-12).log()
+        kl = (q * (log_q - alpha.clamp_min(1e-12).log())).sum(dim=1)                       # exact, over the L regions
+        locations = torch.multinomial(q.detach(), 1).squeeze(1)                            # s_t ~ q_t
+        images = torch.cat([torch.arange(n, device=regions.device) for n in running])
+        chosen = regions[images, locations]                                                 # (W, D'): a_{s_t}
+        if self.gate is not None:
+            chosen = torch.cat([i["gate"] for i in infos]) * chosen
+        logits = self.output_logits(embedded, torch.cat(hs), chosen)
+        return {"logits": logits, "log_prob": log_q.gather(1, locations[:, None]).squeeze(1), "kl": kl,
+                "locations": locations}
 
     def location_copies(self, features: torch.Tensor, captions: torch.Tensor):
         """Hard-attention training rows (§4.1): each caption goes on the expectation (``alpha`` itself) with

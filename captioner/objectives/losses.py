@@ -1,5 +1,6 @@
 """Training objectives: word cross-entropy with the doubly stochastic term (soft attention, the
-Transformer), and the variational lower bound trained by REINFORCE (hard attention, Xu et al. 2015 §4.1).
+Transformer), the variational lower bound trained by REINFORCE (hard attention, Xu et al. 2015 §4.1), and the
+lower bound of variational attention (Deng et al. 2018).
 
 :func:`build_loss` picks the loss module by whether the decoder samples locations (see
 :mod:`captioner.models.decoder`); a loss module maps a :class:`~captioner.models.decoder.TeacherForced`
@@ -44,8 +45,8 @@ class LossConfig:
         "the caption's other location samples (model.lstm.location_samples >= 2) | none (capgen.py's default)",
         choices=("moving", "caption", "none"))
     reinforce_scale: float = setting(
-        1.0, "hard attention: the weight of the REINFORCE term beside the likelihood term, both per word (capgen.py's "
-        "gradient is batch_size / 10 of it: its REINFORCE gradient is divided by 10 but not averaged over the batch)",
+        1.0, "hard and variational attention: the weight of the REINFORCE term beside the likelihood term, both per "
+        "word (capgen.py's is batch_size / 10: its REINFORCE gradient is divided by 10, not averaged over the batch)",
         minimum=0)
 
     def check(self) -> None:
@@ -174,6 +175,36 @@ class HardAttentionLoss(nn.Module):
         return result
 
 
+class VariationalAttentionLoss(nn.Module):
+    """Variational attention's objective (Deng et al. 2018), per real word: the soft branch's cross-entropy (what
+    decoding uses, and what is reported), the negative lower bound ``-E_q[log p(y_t|s_t)] + KL(q_t || alpha_t)``
+    with one drawn ``s_t``, and REINFORCE for q with the per-word reward ``log p(y_t|s_t) - log p(y_t|z_t)``, the
+    soft context's log-likelihood as its baseline (weighted by ``reinforce_scale``). ``label_smoothing`` mixes the
+    uniform targets into both word terms; the doubly stochastic term applies to alpha. Out of training (no draws)
+    it is :func:`caption_loss`."""
+
+    def __init__(self, loss_config: LossConfig):
+        super().__init__()
+        self.config = loss_config
+
+    def forward(self, out: TeacherForced, targets: torch.Tensor) -> dict[str, torch.Tensor]:
+        c = self.config
+        result = caption_loss(out.logits, targets, out.alpha, c.doubly_stochastic, label_smoothing=c.label_smoothing,
+                              doubly_stochastic_scale=c.doubly_stochastic_scale)
+        if out.sampled_logits is None:
+            return result
+        drawn = caption_loss(out.sampled_logits, targets, None, 0.0, label_smoothing=c.label_smoothing)
+        soft_words, mask = word_log_likelihoods(out.logits, targets)
+        drawn_words, _ = word_log_likelihoods(out.sampled_logits, targets)
+        reward = (drawn_words - soft_words).detach()                                    # (B, T), 0 at padding
+        words = result["words"]
+        result |= {"drawn_cross_entropy": drawn["cross_entropy"], "reward": reward[mask].mean(),
+                   "reinforce": c.reinforce_scale * reinforce_term(reward, out.log_prob_location.float() * mask, words),
+                   "kl": (out.kl.float() * mask).sum() / words}
+        result["loss"] = result["loss"] + drawn["loss"] + result["reinforce"] + result["kl"]
+        return result
+
+
 def word_log_likelihoods(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``log p(y_t|s,a)`` of each word (B', T), 0 at padding, from the logits (W, V) of the W real words (the
     :class:`~captioner.models.decoder.TeacherForced` layout) and ``targets`` (B', T), and the mask (B', T) of the
@@ -217,5 +248,8 @@ def reinforce_term(advantage: torch.Tensor, location_log_prob: torch.Tensor, wor
 
 def build_loss(decoder, loss_config: LossConfig) -> nn.Module:
     """The loss module that fits ``decoder`` under the config's ``loss`` section: :class:`HardAttentionLoss` for a
-    decoder that samples locations, else :class:`CaptionLoss`."""
-    return (HardAttentionLoss if decoder.samples_locations else CaptionLoss)(loss_config)
+    decoder that samples locations, :class:`VariationalAttentionLoss` for variational attention, else
+    :class:`CaptionLoss`."""
+    if decoder.samples_locations:
+        return HardAttentionLoss(loss_config)
+    return (VariationalAttentionLoss if getattr(decoder, "variational", False) else CaptionLoss)(loss_config)
