@@ -183,10 +183,6 @@ class Config:
                 and lstm.location_samples < 2):
             raise CaptionerError("loss.hard_baseline=caption compares a caption's location samples with one "
                                  "another: set model.lstm.location_samples to 2 or more")
-        if self.model.decoder == "lstm" and lstm.samples_locations and self.loss.label_smoothing > 0:
-            log.warning("loss.label_smoothing=%g is not applied with model.lstm.attention_mode=hard: hard attention's "
-                        "loss trains on the unsmoothed likelihood (set loss.label_smoothing=0 to say so)",
-                        self.loss.label_smoothing)
         return self
 
 

@@ -103,12 +103,3 @@ def test_a_config_round_trips_through_its_plain_form_and_old_checkpoints_complet
         load_config(None, ["model.lstm.hidden_dim=7", "train.lr=0.5"]).to_dict()      # moved, filled in, dropped
 
 
-def test_label_smoothing_with_hard_attention_is_named_as_not_applied(caplog):
-    with caplog.at_level("WARNING", logger="captioner.config"):
-        load_config("flickr8k_full_hard", ["loss.label_smoothing=0.1"])
-    assert "loss.label_smoothing=0.1 is not applied with model.lstm.attention_mode=hard" in caplog.text
-    caplog.clear()
-    with caplog.at_level("WARNING", logger="captioner.config"):
-        load_config("flickr8k_full_hard")                                   # its recipe: 0
-        load_config("flickr8k_full_soft")                                   # soft attention applies it
-    assert "label_smoothing" not in caplog.text

@@ -128,8 +128,60 @@ def test_per_word_reward_is_the_log_likelihood_divided_by_caption_length():
     lengths = (targets != 0).sum(1)
     assert sequence.item() == pytest.approx(token_log_probs.sum(1).mean().item(), rel=1e-5)
     assert per_word.item() == pytest.approx((token_log_probs.sum(1) / lengths).mean().item(), rel=1e-5)
-    with pytest.raises(CaptionerError, match="loss.hard_reward must be sequence or per_word, got 'per_token'"):
+    with pytest.raises(CaptionerError, match="loss.hard_reward must be sequence, per_word or word, got 'per_token'"):
         load_config(None, ["loss.hard_reward=per_token"])       # refused when the config is read
+
+
+def test_label_smoothing_mixes_uniform_targets_into_the_likelihood_term_not_into_the_reward():
+    decoder = make_hard(expectation_probability=0.5).train()
+    torch.manual_seed(1)
+    out = decoder(torch.randn(3, 6, 6), CAPTIONS)
+    targets = CAPTIONS[:, 1:]
+    plain, smoothed = hard_loss()(out, targets), hard_loss(label_smoothing=0.1)(out, targets)
+    real = targets != 0
+    spread = -torch.log_softmax(padded_logits(out, real), -1)[real].mean(-1).sum() / real.sum()
+    for name in ("cross_entropy", "reward", "reinforce", "words"):     # reported and REINFORCE terms: unsmoothed
+        torch.testing.assert_close(smoothed[name], plain[name])
+    torch.testing.assert_close(smoothed["loss"], plain["loss"] + 0.1 * (spread - plain["cross_entropy"]))
+    assert not torch.isclose(smoothed["loss"], plain["loss"])
+
+
+@pytest.mark.parametrize("baseline", ["none", "caption"])
+def test_a_word_reward_pays_each_location_its_own_words_log_likelihood(baseline):
+    """capgen.py's estimator: the location of word t is reinforced by log p(y_t | s, a) alone, scaled; with two
+    samples per caption, against the other sample's reward at the same word."""
+    decoder = make_hard(expectation_probability=0.5, location_samples=2).train()
+    torch.manual_seed(3)
+    out = decoder(torch.randn(3, 6, 6), CAPTIONS)
+    targets = CAPTIONS[:, 1:].repeat_interleave(out.repeats, 0)
+    loss = hard_loss(hard_reward="word", hard_baseline=baseline, reinforce_scale=0.5)(out, CAPTIONS[:, 1:])
+    real = targets != 0
+    word = torch.log_softmax(padded_logits(out, real), -1).gather(2, targets.unsqueeze(2)).squeeze(2) * real
+    word_advantage = word
+    if baseline == "caption":       # a sampled caption's two rows: each against the other at the same word
+        pairs = out.repeats.repeat_interleave(out.repeats) == 2
+        other = word.clone()
+        for row, n in zip((torch.cumsum(out.repeats, 0) - out.repeats).tolist(), out.repeats.tolist()):
+            if n == 2:
+                other[row], other[row + 1] = word[row + 1], word[row]
+        word_advantage = torch.where(pairs[:, None], word - other, word)
+        assert pairs.any()
+    counted = ~out.expectation_rows[:, None] & real
+    expected = -0.5 * (word_advantage * counted * out.log_prob_location * real).sum() / real.sum()
+    torch.testing.assert_close(loss["reinforce"], expected)
+    assert loss["reinforce"].abs() > 0
+    torch.testing.assert_close(loss["reward"], word[real].mean())
+
+
+def test_the_expectation_drawn_once_per_step_holds_for_all_its_captions():
+    decoder = make_hard(expectation_draw="batch").train()
+    features, captions = torch.randn(6, 6, 6), torch.cat([CAPTIONS, CAPTIONS])
+    torch.manual_seed(0)
+    draws = [decoder(features, captions).expectation_rows for _ in range(200)]
+    assert all(d.all() or not d.any() for d in draws)                    # all on the expectation, or none
+    assert 70 < sum(bool(d.all()) for d in draws) < 130                  # half of the steps (p = 0.5)
+    decoder = make_hard().train()                                        # per caption: mixed within a step
+    assert any(d.any() and not d.all() for d in (decoder(features, captions).expectation_rows for _ in range(20)))
 
 
 def test_entropy_bonus_raises_entropy():

@@ -71,10 +71,11 @@ def test_forward_shapes_alpha_rows_sum_to_one_and_padding_steps_attend_nowhere()
     torch.testing.assert_close(out.alpha.sum(-1), real.float())
 
 
-@pytest.mark.parametrize("kind", ["additive", "none", "hard"])
+@pytest.mark.parametrize("kind", ["additive", "none", "hard", "marginal"])
 def test_teacher_forced_batch_equals_each_caption_alone(kind):
     """The batch runs longest caption first with a shrinking set of rows; each row must still be its own."""
-    decoder = make_decoder("additive" if kind == "hard" else kind, attention_mode="hard" if kind == "hard" else "soft").eval()
+    mode = kind if kind in ("hard", "marginal") else "soft"
+    decoder = make_decoder("additive" if mode != "soft" else kind, attention_mode=mode).eval()
     features = torch.randn(5, 12, 16)
     captions = torch.tensor([[START, 5, END, 0, 0, 0, 0], [START, 5, 6, 7, 8, 9, END], [START, 4, 4, END, 0, 0, 0],
                              [START, 9, 8, 7, 6, END, 0], [START, 5, 6, 7, 8, 9, END]])
@@ -252,7 +253,7 @@ def test_images_leave_the_beam_search_when_done_and_get_the_answers_of_a_search_
         torch.testing.assert_close(alone.attention["alpha"], generation.attention["alpha"])
 
 
-@pytest.mark.parametrize("kind", ["soft", "hard", "transformer"])
+@pytest.mark.parametrize("kind", ["soft", "hard", "marginal", "transformer"])
 def test_beam_search_keeps_one_fixed_state_per_image_and_matches_one_per_hypothesis(kind):
     if kind == "transformer":
         torch.manual_seed(0)

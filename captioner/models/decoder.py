@@ -31,8 +31,9 @@ class TeacherForced:
     ``logits`` (W, V) predict the next words at the W real positions only, in the order of ``targets[mask]``;
     ``alpha`` (B', T, L) each step's attention (rows sum to 1 at real steps, zero at padding; None without
     attention). B' = B, except in hard-attention training, which also sets ``repeats`` (B,) (each caption's
-    rows), ``log_prob_location``, ``entropy`` (B', T) and ``expectation_rows`` (B',). ``alpha_heads``
-    (B', heads, T, L): the Transformer's per-head maps.
+    rows), ``log_prob_location``, ``entropy`` (B', T) and ``expectation_rows`` (B',). Variational attention's
+    training sets ``sampled_logits`` (W, V) (the words at the drawn regions), ``log_prob_location`` (log q of
+    them), ``kl`` and ``locations`` (B, T). ``alpha_heads`` (B', heads, T, L): the Transformer's per-head maps.
     """
 
     logits: torch.Tensor
@@ -42,6 +43,9 @@ class TeacherForced:
     entropy: torch.Tensor | None = None
     expectation_rows: torch.Tensor | None = None
     alpha_heads: torch.Tensor | None = None
+    sampled_logits: torch.Tensor | None = None
+    kl: torch.Tensor | None = None
+    locations: torch.Tensor | None = None
 
 
 @runtime_checkable

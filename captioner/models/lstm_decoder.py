@@ -1,4 +1,4 @@
-"""The Show, Attend and Tell LSTM decoder (Xu et al. 2015), soft (§4.2) or hard (§4.1) attention.
+"""The Show, Attend and Tell LSTM decoder (Xu et al. 2015): soft (§4.2), hard (§4.1) or marginal attention.
 
 Regions ``a`` (B, L, D'); at step t, from the previous word ``y_{t-1}`` and state ``h_{t-1}, c_{t-1}``:
 
@@ -13,6 +13,22 @@ Regions ``a`` (B, L, D'); at step t, from the previous word ``y_{t-1}`` and stat
 
 ``h_0, c_0`` are tanh MLPs of the mean region (§3.1.2). Hard attention trains with
 :class:`captioner.objectives.losses.HardAttentionLoss` and picks its locations at inference by ``hard_decode``.
+
+Marginal attention takes the paper's latent variable s_t (one region per word) and sums it out exactly instead of
+sampling it (Deng et al. 2018, "Latent Alignment and Variational Attention"): the recurrence reads the soft context
+z_t, and the word distribution is the mixture over regions of eq. 7 with z_t = beta_t a_i,
+
+    p(y_t | a, y_1^{t-1}) = sum_i alpha_ti p(y_t | a_i, h_t, y_{t-1})
+
+so the likelihood needs no estimator; over the ``marginal_regions`` regions of highest alpha_t only, if set (alpha_t
+renormalised over them), which bounds the output layer's cost at that many evaluations per word.
+
+Variational attention (Deng et al. 2018) keeps the latent region and trains it by REINFORCE with a better proposal:
+a posterior q_t over the regions, scored from h_{t-1} and a bidirectional LSTM's reading of the whole caption at
+word t, proposes s_t ~ q_t; the word term log p(y_t | a_{s_t}) trains the decoder, its excess over the soft context's
+log p(y_t | z_t) rewards q, and KL(q_t || alpha_t), exact over the L regions, trains alpha (see
+:class:`captioner.objectives.losses.VariationalAttentionLoss`). The recurrence reads the soft context, and so does
+decoding: q needs the caption, which decoding does not have.
 """
 
 from __future__ import annotations
@@ -22,6 +38,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from captioner.core.settings import check_settings, setting
 from captioner.data.tokens import PAD_INDEX
@@ -42,8 +59,11 @@ class LSTMDecoderConfig:
                              choices=SCORES)
     score_activation: str = setting("tanh", "additive score: w . f(W_a a + W_h h) with f = tanh (the paper) | relu",
                                     choices=ACTIVATIONS)
-    attention_mode: str = setting("soft", "soft | hard (stochastic hard attention trained with REINFORCE)",
-                                  choices=("soft", "hard"))
+    attention_mode: str = setting(
+        "soft", "soft | hard (stochastic hard attention trained with REINFORCE) | marginal (one region per word summed "
+        "out exactly: p(y_t) = sum_i alpha_ti p(y_t | a_i), no estimator) | variational (one region per word drawn "
+        "from a posterior that also reads the caption, trained by REINFORCE against the soft context, with the exact "
+        "KL to alpha; decodes with the soft context)", choices=("soft", "hard", "marginal", "variational"))
     attention_dim: int = setting(512, "A: size of the projected regions and query in the score", minimum=1)
     embed_dim: int = setting(512, "word embedding size (and of the deep output layer)", minimum=1)
     hidden_dim: int = setting(512, "LSTM state size", minimum=1)
@@ -61,7 +81,16 @@ class LSTMDecoderConfig:
         "mean of the regions, as the expectation rows of training)", choices=("argmax", "sample", "expectation"))
     expectation_probability: float = setting(
         0.5, "hard training: a caption uses alpha instead of a sample (paper: 0.5)", minimum=0, maximum=1)
+    expectation_draw: str = setting(
+        "caption", "hard training: that choice drawn for each caption | batch: once per training step for all its "
+        "captions (the paper's code, capgen.py)", choices=("caption", "batch"))
     location_samples: int = setting(1, "hard training: location samples drawn per caption", minimum=1)
+    posterior_dim: int = setting(
+        256, "variational attention: size of each direction of the LSTM that reads the caption for the posterior",
+        minimum=1)
+    marginal_regions: int = setting(
+        0, "marginal attention: the regions in each word's mixture, those of highest alpha (alpha renormalised over "
+        "them); 0: all L, the exact marginal likelihood", minimum=0)
 
     @property
     def samples_locations(self) -> bool:
@@ -72,8 +101,8 @@ class LSTMDecoderConfig:
         """Each setting's type, choices and bounds, then the settings that depend on one another (a ValueError
         names the one that does not fit)."""
         check_settings(self, "model.lstm")
-        if self.samples_locations and self.attention == "none":
-            raise ValueError("hard attention needs an attention score (attention must not be none)")
+        if self.attention_mode != "soft" and self.attention == "none":  # hard, marginal and variational read alpha
+            raise ValueError(f"{self.attention_mode} attention needs an attention score (attention must not be none)")
         if self.region_position == "sinusoidal" and self.position_dim % 4:
             raise ValueError(f"position_dim must be a multiple of 4 for a 2-D position code, got {self.position_dim}")
 
@@ -83,6 +112,11 @@ def _unpack(packed: torch.Tensor, to_packed: torch.Tensor) -> torch.Tensor:
     padding (where the result is zero)."""
     padded = torch.cat([packed, packed.new_zeros(1, *packed.shape[1:])])
     return padded.index_select(0, to_packed.reshape(-1)).view(*to_packed.shape, *packed.shape[1:])
+
+
+MIXTURE_CHUNK = 1 << 22
+"""Marginal attention: the most word logits (rows x regions x V) one piece of the mixture computes at once; in
+training each piece is recomputed in the backward pass instead of kept, so memory stays bounded by it."""
 
 
 class LSTMDecoder(nn.Module):
@@ -111,11 +145,20 @@ class LSTMDecoder(nn.Module):
         self.out_context = nn.Linear(d, c.embed_dim, bias=False)               # L_z
         self.dropout = nn.Dropout(c.dropout)
         self.out_words = nn.Linear(c.embed_dim, c.vocab_size)                   # L_o
+        if self.variational:        # q(s_t | a, h_{t-1}, y): the caption read both ways, scored as alpha is
+            self.caption_reader = nn.LSTM(c.embed_dim, c.posterior_dim, batch_first=True, bidirectional=True)
+            self.posterior = RegionAttention(c.attention, d, c.hidden_dim + 2 * c.posterior_dim, c.attention_dim,
+                                             c.learned_sharpness, c.score_activation)
 
     @property
     def samples_locations(self) -> bool:
         """Stochastic hard attention (see :mod:`captioner.models.decoder`)."""
         return self.config.samples_locations
+
+    @property
+    def variational(self) -> bool:
+        """Variational attention: trained by :class:`~captioner.objectives.losses.VariationalAttentionLoss`."""
+        return self.config.attention_mode == "variational"
 
     # -- pieces shared by teacher forcing and step-by-step decoding ---------------------------------
     def prepare_regions(self, features: torch.Tensor) -> torch.Tensor:
@@ -141,7 +184,8 @@ class LSTMDecoder(nn.Module):
         N = B * k, over ``regions`` (B, L, D') and ``keys`` (B, L, A). ``query`` and ``gate_logit``: ``W_q h``
         and ``f_beta(h)``, if at hand.
 
-        Soft: ``z_t = beta * sum_i alpha_ti a_i``. Hard: ``z_t = beta * a_{s_t}``, ``s_t`` sampled (training,
+        Soft and marginal: ``z_t = beta * sum_i alpha_ti a_i`` (marginal: with ``gate``, beta (N, 1 | D'), among
+        the terms, which the mixture reads). Hard: ``z_t = beta * a_{s_t}``, ``s_t`` sampled (training,
         ``hard_decode=sample``) or the argmax, with terms ``chosen`` (B, L), ``log_prob_location``, ``entropy``
         (B,); ``expectation_rows`` (B,) or ``hard_decode=expectation`` use ``alpha_t`` instead.
         """
@@ -163,7 +207,10 @@ class LSTMDecoder(nn.Module):
         # z_t = phi({a_i}, {alpha_ti}) (eq. 6): sum_i w_i a_i with w = alpha (eq. 13) or one-hot s_t (eq. 9)
         z = torch.bmm(weights.view(images, -1, weights.shape[1]), regions).view(weights.shape[0], -1)
         if self.gate is not None:   # beta_t = sigmoid(f_beta(h_{t-1})) (§4.2.1)
-            z = torch.sigmoid(self.gate(h) if gate_logit is None else gate_logit) * z
+            beta = torch.sigmoid(self.gate(h) if gate_logit is None else gate_logit)
+            z = beta * z
+            if self.config.attention_mode in ("marginal", "variational"):
+                location_info["gate"] = beta
         return z, alpha, location_info
 
     @staticmethod
@@ -181,6 +228,41 @@ class LSTMDecoder(nn.Module):
     def output_logits(self, embedded: torch.Tensor, h: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         """Deep output layer (eq. 7): ``(..., E), (..., H), (..., D')`` -> logits ``(..., V)``."""
         return self.out_words(self.dropout(self.deep_output(embedded, h, z)))
+
+    def mixture_log_probs(self, embedded: torch.Tensor, h: torch.Tensor, regions: torch.Tensor,
+                          images: torch.Tensor, alpha: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
+        """Marginal attention's word distribution: ``log sum_i alpha_ti softmax(L_o tanh(E y_{t-1} + L_h h_t +
+        L_z beta_t a_i))`` (N, V) float32, for rows with ``embedded`` (N, E), ``h`` (N, H), ``alpha`` (N, L), ``gate``
+        beta (N, 1 | D') or None, reading ``regions[images]`` from ``regions`` (B, L, D') and ``images`` (N,). One
+        dropout mask per row, shared by its regions; computed :data:`MIXTURE_CHUNK` logits at a time."""
+        base = embedded + self.out_hidden(h)                                   # (N, E): what the regions share
+        keep = self.dropout(torch.ones_like(base))
+        regions_per_row = min(self.config.marginal_regions or alpha.shape[1], alpha.shape[1])
+        rows = max(1, MIXTURE_CHUNK // (regions_per_row * self.config.vocab_size))
+        pieces = []
+        for start in range(0, base.shape[0], rows):
+            piece = [t[start:start + rows] for t in (base, keep, images, alpha)]
+            piece.append(None if gate is None else gate[start:start + rows])
+            if torch.is_grad_enabled():     # recomputed in the backward pass: memory bounded by one piece
+                pieces.append(checkpoint(self._mixture, regions, *piece, use_reentrant=False))
+            else:
+                pieces.append(self._mixture(regions, *piece))
+        return torch.cat(pieces)
+
+    def _mixture(self, regions, base, keep, images, alpha, gate) -> torch.Tensor:
+        """One piece of :meth:`mixture_log_probs`."""
+        k = self.config.marginal_regions
+        if 0 < k < alpha.shape[1]:           # the k regions of highest alpha, alpha renormalised over them
+            weights, index = alpha.topk(k, dim=1)
+            weights = weights / weights.sum(dim=1, keepdim=True)
+            chosen = regions[images.unsqueeze(1), index]                      # (n, k, D')
+        else:
+            weights, chosen = alpha, regions.index_select(0, images)           # (n, L, D')
+        if gate is not None:
+            chosen = gate.unsqueeze(1) * chosen                                # z = beta a_i
+        deep = torch.tanh(base.unsqueeze(1) + self.out_context(chosen)) * keep.unsqueeze(1)   # (n, k, E)
+        log_p = torch.log_softmax(self.out_words(deep).float(), dim=-1)       # (n, k, V): log p(y | a_i)
+        return torch.logsumexp(log_p + weights.float().clamp_min(1e-30).log().unsqueeze(-1), dim=1)
 
     # -- teacher forcing ------------------------------------------------------------------------------
     def hidden_maps(self) -> list[nn.Module]:
@@ -228,21 +310,64 @@ class LSTMDecoder(nn.Module):
         hidden_weight, context_weight = self.step_weights(carrier, detach=record is not None)
         hs, zs, alphas, infos = self.recurrence(regions, keys, h, c, carrier.split(running), hidden_weight,
                                                 context_weight, running, running_expectation, record)
-        deep = self.deep_output(embedded, torch.cat(hs), torch.cat(zs))              # (W, E), packed
-        out = TeacherForced(logits=self.out_words(self.dropout(deep.index_select(0, to_packed[real]))),
-                            alpha=_unpack(torch.cat(alphas), to_packed), repeats=repeats)
+        if self.config.attention_mode == "marginal":     # the mixture's log-probabilities serve as the logits
+            images = torch.cat([torch.arange(n, device=captions.device) for n in running])    # (W,) sorted rows
+            gate = torch.cat([i["gate"] for i in infos]) if self.gate is not None else None
+            logits = self.mixture_log_probs(embedded, torch.cat(hs), regions, images, torch.cat(alphas), gate)
+            logits = logits.index_select(0, to_packed[real])
+        else:
+            deep = self.deep_output(embedded, torch.cat(hs), torch.cat(zs))          # (W, E), packed
+            logits = self.out_words(self.dropout(deep.index_select(0, to_packed[real])))
+        out = TeacherForced(logits=logits, alpha=_unpack(torch.cat(alphas), to_packed), repeats=repeats)
+        if self.variational and self.training:
+            targets = self.embedding(captions[:, 1:].index_select(0, order))           # (B, T, E): y_1 .. y_T
+            drawn = self.posterior_draws(regions, targets, lengths.index_select(0, order), running, h, hs, alphas,
+                                         infos, embedded)
+            out.sampled_logits = drawn["logits"].index_select(0, to_packed[real])
+            out.log_prob_location = _unpack(drawn["log_prob"], to_packed)
+            out.kl = _unpack(drawn["kl"], to_packed)
+            out.locations = _unpack(drawn["locations"], to_packed)
         if sampling:
             out.log_prob_location = _unpack(torch.cat([i["log_prob_location"] for i in infos]), to_packed)
             out.entropy = _unpack(torch.cat([i["entropy"] for i in infos]), to_packed)
             out.expectation_rows = expectation_rows
         return out
 
+    def posterior_draws(self, regions, targets, lengths, running: list[int], h0, hs, alphas, infos, embedded) -> dict:
+        """Variational attention in training, over rows sorted longest first (as :meth:`forward` runs them): the
+        posterior ``q_t`` (n, L) of each step from ``h_{t-1}`` and the caption reader's output at word t (``targets``
+        (B, T, E) the embedded words to predict, ``lengths`` (B,)), one region ``s_t ~ q_t`` per word, and, packed
+        (W, ...): the word ``logits`` (W, V) of the deep output layer at ``beta_t a_{s_t}``, ``log_prob`` log q(s_t),
+        ``kl`` KL(q_t || alpha_t) over the L regions, and the ``locations`` s_t."""
+        reading = nn.utils.rnn.pack_padded_sequence(targets, lengths.cpu(), batch_first=True)
+        reading = nn.utils.rnn.pad_packed_sequence(self.caption_reader(reading)[0], batch_first=True)[0]  # (B, T, 2U)
+        keys = self.posterior.project_regions(regions)
+        posteriors = []
+        for t, n in enumerate(running):
+            h_prev = (h0 if t == 0 else hs[t - 1])[:n]
+            query = torch.cat([h_prev, reading[:n, t].to(h_prev.dtype)], dim=1)
+            posteriors.append(self.posterior(None if keys is None else keys[:n], query, regions.shape[1]))
+        q, alpha = torch.cat(posteriors).float(), torch.cat(alphas).float()                # (W, L)
+        log_q = q.clamp_min(1e-12).log()
+        kl = (q * (log_q - alpha.clamp_min(1e-12).log())).sum(dim=1)                       # exact, over the L regions
+        locations = torch.multinomial(q.detach(), 1).squeeze(1)                            # s_t ~ q_t
+        images = torch.cat([torch.arange(n, device=regions.device) for n in running])
+        chosen = regions[images, locations]                                                 # (W, D'): a_{s_t}
+        if self.gate is not None:
+            chosen = torch.cat([i["gate"] for i in infos]) * chosen
+        logits = self.output_logits(embedded, torch.cat(hs), chosen)
+        return {"logits": logits, "log_prob": log_q.gather(1, locations[:, None]).squeeze(1), "kl": kl,
+                "locations": locations}
+
     def location_copies(self, features: torch.Tensor, captions: torch.Tensor):
         """Hard-attention training rows (§4.1): each caption goes on the expectation (``alpha`` itself) with
-        probability ``expectation_probability``, once; else it is repeated for ``location_samples`` draws of its
-        locations. Returns the rows' ``features`` (B', L, D) and ``captions`` (B', T+1), ``repeats`` (B,) the rows
-        of each caption (adjacent), and ``expectation_rows`` (B',) bool."""
-        on_expectation = torch.rand(captions.shape[0], device=captions.device) < self.config.expectation_probability
+        probability ``expectation_probability`` (drawn per caption, or once for all of them: ``expectation_draw``),
+        once; else it is repeated for ``location_samples`` draws of its locations. Returns the rows' ``features``
+        (B', L, D) and ``captions`` (B', T+1), ``repeats`` (B,) the rows of each caption (adjacent), and
+        ``expectation_rows`` (B',) bool."""
+        draws = captions.shape[0] if self.config.expectation_draw == "caption" else 1
+        on_expectation = torch.rand(draws, device=captions.device) < self.config.expectation_probability
+        on_expectation = on_expectation.expand(captions.shape[0])
         repeats = torch.where(on_expectation, 1, self.config.location_samples)
         if self.config.location_samples > 1:
             features, captions = features.repeat_interleave(repeats, 0), captions.repeat_interleave(repeats, 0)
@@ -319,7 +444,12 @@ class LSTMDecoder(nn.Module):
         # query's and the gate's): for the few rows of a search, two products over column halves cost more
         gates = self.input_gates(embedded) + self.recurrent_gates(torch.cat([z, state["h"]], dim=1))
         h, c = self.lstm_pointwise(gates, state["c"])
-        log_probs = torch.log_softmax(self.output_logits(embedded, h, z).float(), dim=-1)
+        if self.config.attention_mode == "marginal":
+            regions = state["regions"]
+            images = torch.arange(tokens.shape[0], device=tokens.device) // (tokens.shape[0] // regions.shape[0])
+            log_probs = self.mixture_log_probs(embedded, h, regions, images, alpha, location_info.get("gate"))
+        else:
+            log_probs = torch.log_softmax(self.output_logits(embedded, h, z).float(), dim=-1)
         attention = {"alpha": alpha}
         if "chosen" in location_info:
             attention["chosen"] = location_info["chosen"]

@@ -1,0 +1,165 @@
+"""Marginal attention: one region per word summed out exactly, p(y_t) = sum_i alpha_ti p(y_t | a_i)."""
+
+import pytest
+import torch
+
+from captioner.decoding.search import TokenRules, beam_search, greedy
+from captioner.models import lstm_decoder
+from captioner.objectives.losses import caption_loss
+from tests.conftest import memorise, padded_logits
+from tests.test_models import captions_batch, make_decoder
+
+START, END = 1, 2
+RULES = TokenRules(START, END)
+
+
+def brute_force_log_likelihood(decoder, features, captions):
+    """log p(y_t) of each real word (B, T), region by region in Python from the decoder's own layers: the soft
+    recurrence gives h_t, alpha_t and beta_t; each region's eq. 7 distribution is weighted by alpha_t (over the
+    ``marginal_regions`` regions of highest alpha, renormalised, if set)."""
+    regions = decoder.prepare_regions(features)
+    keys = decoder.attention.project_regions(regions)
+    h, c = decoder.initial_hidden(regions)
+    k = decoder.config.marginal_regions or regions.shape[1]
+    out = torch.zeros(captions.shape[0], captions.shape[1] - 1)
+    for t in range(captions.shape[1] - 1):
+        embedded = decoder.embedding(captions[:, t])
+        alpha = decoder.attention(keys, h, regions.shape[1])
+        beta = torch.sigmoid(decoder.gate(h)) if decoder.gate is not None else torch.ones(h.shape[0], 1)
+        z = beta * (alpha.unsqueeze(1) @ regions).squeeze(1)
+        gates = decoder.input_gates(embedded) + decoder.recurrent_gates(torch.cat([z, h], dim=1))
+        h, c = decoder.lstm_pointwise(gates, c)
+        for b in range(captions.shape[0]):
+            weights, index = alpha[b].topk(k)
+            weights = weights / weights.sum()
+            deep = [torch.tanh(embedded[b] + decoder.out_hidden(h[b]) + decoder.out_context(beta[b] * regions[b, i]))
+                    for i in index.tolist()]
+            p = sum(w * torch.softmax(decoder.out_words(d), -1) for w, d in zip(weights, deep))
+            out[b, t] = p[captions[b, t + 1]].log()
+    return out
+
+
+@pytest.mark.parametrize("options", [{}, {"gate": "vector"}, {"gate": "none", "marginal_regions": 5},
+                                     {"marginal_regions": 12}])
+def test_the_marginal_likelihood_is_the_sum_over_regions_by_brute_force(options):
+    decoder = make_decoder(attention_mode="marginal", region_norm="layer", **options).eval()
+    features, captions = torch.randn(3, 12, 16), captions_batch()
+    real = captions[:, 1:] != 0
+    with torch.no_grad():
+        out = decoder(features, captions)
+        expected = brute_force_log_likelihood(decoder, features, captions)
+    log_probs = padded_logits(out, real).log_softmax(-1).gather(2, captions[:, 1:, None]).squeeze(2)
+    torch.testing.assert_close(log_probs[real], expected[real], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out.logits.logsumexp(-1), torch.zeros(int(real.sum())), atol=1e-5, rtol=0)  # sums to 1
+    # all the regions is the exact marginal; fewer is another model, not a rounding of it
+    if options.get("marginal_regions") == 12:
+        decoder.config.marginal_regions = 0
+        with torch.no_grad():
+            torch.testing.assert_close(decoder(features, captions).logits, out.logits)
+
+
+def test_the_mixture_is_no_soft_attention_and_fewer_regions_change_it():
+    features, captions = torch.randn(3, 12, 16), captions_batch()
+    soft, marginal = make_decoder().eval(), make_decoder(attention_mode="marginal").eval()
+    top = make_decoder(attention_mode="marginal", marginal_regions=2).eval()
+    with torch.no_grad():
+        a, b, c = (d(features, captions).logits.log_softmax(-1) for d in (soft, marginal, top))
+        alpha = marginal(features, captions).alpha
+    torch.testing.assert_close(alpha, soft(features, captions).alpha)          # the same recurrence: soft's context
+    assert (a - b).abs().max() > 1e-3 and (b - c).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("options", [{}, {"gate": "vector", "marginal_regions": 4}])
+def test_teacher_forcing_pieces_and_decode_steps_give_the_same_loss_and_gradients(options, monkeypatch):
+    """The packed teacher forcing, in one piece or in pieces recomputed in the backward pass, against the
+    decode-step interface word by word under plain autograd."""
+    features, captions = torch.randn(3, 12, 16), captions_batch()
+    targets = captions[:, 1:]
+    real = targets != 0
+
+    def gradients(decoder, loss):
+        decoder.zero_grad()
+        loss.backward()
+        return loss.detach(), {name: p.grad.clone() for name, p in decoder.named_parameters() if p.grad is not None}
+
+    decoder = make_decoder(attention_mode="marginal", **options)
+    results = []
+    for chunk in (lstm_decoder.MIXTURE_CHUNK, 3 * 30 * 12):          # one piece; pieces of 3 or 7 rows
+        monkeypatch.setattr(lstm_decoder, "MIXTURE_CHUNK", chunk)
+        out = decoder(features, captions)
+        results.append(gradients(decoder, caption_loss(out.logits, targets, None, 0.0)["loss"]))
+    state, log_probs = decoder.init_state(features), []
+    for t in range(targets.shape[1]):
+        step_log_probs, state, _ = decoder.step(captions[:, t], state)
+        log_probs.append(step_log_probs)
+    chosen = torch.stack(log_probs, 1).gather(2, targets.unsqueeze(2)).squeeze(2)
+    results.append(gradients(decoder, -chosen[real].sum() / real.sum()))
+    (loss, grads), *others = results
+    assert "out_context.weight" in grads and "attention.region_proj.weight" in grads
+    for other_loss, other in others:
+        torch.testing.assert_close(other_loss, loss, rtol=1e-6, atol=1e-6)
+        assert other.keys() == grads.keys()
+        for name in grads:
+            torch.testing.assert_close(other[name], grads[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_dropout_keeps_one_mask_per_word_for_all_its_regions():
+    decoder = make_decoder(attention_mode="marginal", dropout=0.5).train()
+    seen = []
+    original = decoder._mixture
+
+    def mixture(regions, base, keep, *rest):
+        seen.append(keep)
+        return original(regions, base, keep, *rest)
+
+    decoder._mixture = mixture
+    with torch.no_grad():
+        decoder(torch.randn(3, 12, 16), captions_batch())
+    (keep,) = seen
+    assert keep.shape == (12, 10) and set(keep.unique().tolist()) == {0.0, 2.0}
+
+
+def test_a_beam_over_the_mixture_is_batched_as_one_at_a_time_and_beam_one_is_greedy():
+    decoder = make_decoder(attention_mode="marginal", marginal_regions=3).eval()
+    features = torch.randn(4, 12, 16)
+    together = beam_search(decoder, features, beam=3, max_length=8, rules=RULES)
+    for i, generation in enumerate(together):
+        (alone,) = beam_search(decoder, features[i:i + 1], beam=3, max_length=8, rules=RULES)
+        assert alone.tokens == generation.tokens and alone.log_prob == pytest.approx(generation.log_prob, abs=1e-5)
+        torch.testing.assert_close(generation.attention["alpha"].sum(-1), torch.ones(len(generation.tokens)))
+    one = beam_search(decoder, features, beam=1, max_length=8, rules=RULES)
+    assert [g.tokens for g in greedy(decoder, features, max_length=8, rules=RULES)] == [b.tokens for b in one]
+
+
+def test_marginal_attention_memorises_a_few_captions():
+    decoder = make_decoder(attention_mode="marginal", dropout=0.0)
+    torch.manual_seed(1)
+    features = torch.randn(4, 12, 16)
+    captions = torch.tensor([[START, 5, 6, 7, END], [START, 8, 9, END, 0], [START, 10, 11, 12, END],
+                             [START, 7, 6, 5, END]])
+    assert memorise(decoder, features, captions, lr=1e-2) < 0.05
+    decoded = greedy(decoder.eval(), features, max_length=6, rules=RULES)
+    assert [g.tokens for g in decoded] == [[5, 6, 7], [8, 9], [10, 11, 12], [7, 6, 5]]
+
+
+def test_marginal_attention_needs_a_score():
+    with pytest.raises(ValueError, match="marginal attention needs an attention score"):
+        make_decoder("none", attention_mode="marginal")
+
+
+def test_a_marginal_run_trains_captions_and_draws_its_attention(tiny_coco, tmp_path, capsys):
+    import json
+
+    from captioner.cli import main
+    from captioner.training.engine import train
+    from tests.conftest import tiny_config
+
+    run = train(tiny_config(tiny_coco, tmp_path / "marginal", train={"epochs": 1}, loss={"label_smoothing": 0.1},
+                            model={"lstm": {"attention_mode": "marginal", "marginal_regions": 3}}))
+    image = tiny_coco / "images" / "test" / "301.png"
+    capsys.readouterr()
+    assert main(["caption", str(image), "--checkpoint", run["checkpoint"], "--json", "--device", "cpu"]) == 0
+    assert json.loads(capsys.readouterr().out)["image"] == str(image)
+    assert main(["attend", str(image), "--checkpoint", run["checkpoint"], "--out", str(tmp_path / "m.png"),
+                 "--device", "cpu"]) == 0
+    assert (tmp_path / "m.png").stat().st_size > 0
