@@ -163,3 +163,20 @@ def test_a_marginal_run_trains_captions_and_draws_its_attention(tiny_coco, tmp_p
     assert main(["attend", str(image), "--checkpoint", run["checkpoint"], "--out", str(tmp_path / "m.png"),
                  "--device", "cpu"]) == 0
     assert (tmp_path / "m.png").stat().st_size > 0
+
+
+def test_a_marginal_model_exports_to_onnx_and_captions_as_its_checkpoint(tiny_coco, tmp_path):
+    pytest.importorskip("onnxruntime")
+    from captioner.cli import main
+    from captioner.predictor import Predictor
+    from captioner.training.engine import train
+    from tests.conftest import tiny_config
+
+    run = train(tiny_config(tiny_coco, tmp_path / "marginal", train={"epochs": 1},
+                            model={"lstm": {"attention_mode": "marginal", "marginal_regions": 3}}))
+    assert main(["export", "--checkpoint", run["checkpoint"], "--out", str(tmp_path / "export"), "--onnx"]) == 0
+    images = sorted((tiny_coco / "images" / "test").glob("*.png"))[:4]
+    expected = Predictor.load(run["checkpoint"], beam=3).caption(images)
+    got = Predictor.load(tmp_path / "export", beam=3, runtime="onnx").caption(images)
+    assert [r.caption for r in got] == [r.caption for r in expected]
+    assert [r.log_prob for r in got] == pytest.approx([r.log_prob for r in expected], abs=1e-4)

@@ -114,7 +114,7 @@ def _unpack(packed: torch.Tensor, to_packed: torch.Tensor) -> torch.Tensor:
     return padded.index_select(0, to_packed.reshape(-1)).view(*to_packed.shape, *packed.shape[1:])
 
 
-MIXTURE_CHUNK = 1 << 22
+MIXTURE_CHUNK = 1 << 24
 """Marginal attention: the most word logits (rows x regions x V) one piece of the mixture computes at once; in
 training each piece is recomputed in the backward pass instead of kept, so memory stays bounded by it."""
 
@@ -234,9 +234,12 @@ class LSTMDecoder(nn.Module):
         """Marginal attention's word distribution: ``log sum_i alpha_ti softmax(L_o tanh(E y_{t-1} + L_h h_t +
         L_z beta_t a_i))`` (N, V) float32, for rows with ``embedded`` (N, E), ``h`` (N, H), ``alpha`` (N, L), ``gate``
         beta (N, 1 | D') or None, reading ``regions[images]`` from ``regions`` (B, L, D') and ``images`` (N,). One
-        dropout mask per row, shared by its regions; computed :data:`MIXTURE_CHUNK` logits at a time."""
+        dropout mask per row, shared by its regions; computed :data:`MIXTURE_CHUNK` logits at a time (in one piece
+        where torch.compile or torch.export traces it: a loop over a dynamic number of rows cannot be traced)."""
         base = embedded + self.out_hidden(h)                                   # (N, E): what the regions share
         keep = self.dropout(torch.ones_like(base))
+        if torch.compiler.is_compiling():
+            return self._mixture(regions, base, keep, images, alpha, gate)
         regions_per_row = min(self.config.marginal_regions or alpha.shape[1], alpha.shape[1])
         rows = max(1, MIXTURE_CHUNK // (regions_per_row * self.config.vocab_size))
         pieces = []
@@ -244,13 +247,15 @@ class LSTMDecoder(nn.Module):
             piece = [t[start:start + rows] for t in (base, keep, images, alpha)]
             piece.append(None if gate is None else gate[start:start + rows])
             if torch.is_grad_enabled():     # recomputed in the backward pass: memory bounded by one piece
-                pieces.append(checkpoint(self._mixture, regions, *piece, use_reentrant=False))
+                pieces.append(checkpoint(self._mixture, regions, *piece, use_reentrant=False,
+                                         preserve_rng_state=False))     # nothing random inside
             else:
                 pieces.append(self._mixture(regions, *piece))
         return torch.cat(pieces)
 
     def _mixture(self, regions, base, keep, images, alpha, gate) -> torch.Tensor:
         """One piece of :meth:`mixture_log_probs`."""
+        alpha = alpha.float()                # top-k and its renormalisation in float32, whatever autocast gives
         k = self.config.marginal_regions
         if 0 < k < alpha.shape[1]:           # the k regions of highest alpha, alpha renormalised over them
             weights, index = alpha.topk(k, dim=1)
@@ -317,12 +322,15 @@ class LSTMDecoder(nn.Module):
             logits = logits.index_select(0, to_packed[real])
         else:
             deep = self.deep_output(embedded, torch.cat(hs), torch.cat(zs))          # (W, E), packed
-            logits = self.out_words(self.dropout(deep.index_select(0, to_packed[real])))
+            # variational: one dropout mask per word for the soft and the drawn words, whose difference is a reward
+            keep = self.dropout(torch.ones_like(deep)) if self.variational and self.training else None
+            logits = self.out_words(self.dropout(deep.index_select(0, to_packed[real])) if keep is None
+                                    else (deep * keep).index_select(0, to_packed[real]))
         out = TeacherForced(logits=logits, alpha=_unpack(torch.cat(alphas), to_packed), repeats=repeats)
         if self.variational and self.training:
             targets = self.embedding(captions[:, 1:].index_select(0, order))           # (B, T, E): y_1 .. y_T
             drawn = self.posterior_draws(regions, targets, lengths.index_select(0, order), running, h, hs, alphas,
-                                         infos, embedded)
+                                         infos, embedded, keep)
             out.sampled_logits = drawn["logits"].index_select(0, to_packed[real])
             out.log_prob_location = _unpack(drawn["log_prob"], to_packed)
             out.kl = _unpack(drawn["kl"], to_packed)
@@ -333,12 +341,14 @@ class LSTMDecoder(nn.Module):
             out.expectation_rows = expectation_rows
         return out
 
-    def posterior_draws(self, regions, targets, lengths, running: list[int], h0, hs, alphas, infos, embedded) -> dict:
+    def posterior_draws(self, regions, targets, lengths, running: list[int], h0, hs, alphas, infos, embedded,
+                        keep) -> dict:
         """Variational attention in training, over rows sorted longest first (as :meth:`forward` runs them): the
         posterior ``q_t`` (n, L) of each step from ``h_{t-1}`` and the caption reader's output at word t (``targets``
         (B, T, E) the embedded words to predict, ``lengths`` (B,)), one region ``s_t ~ q_t`` per word, and, packed
         (W, ...): the word ``logits`` (W, V) of the deep output layer at ``beta_t a_{s_t}``, ``log_prob`` log q(s_t),
-        ``kl`` KL(q_t || alpha_t) over the L regions, and the ``locations`` s_t."""
+        ``kl`` KL(q_t || alpha_t) over the L regions, and the ``locations`` s_t; ``keep`` (W, E) the soft words'
+        dropout mask, which the drawn words share."""
         reading = nn.utils.rnn.pack_padded_sequence(targets, lengths.cpu(), batch_first=True)
         reading = nn.utils.rnn.pad_packed_sequence(self.caption_reader(reading)[0], batch_first=True)[0]  # (B, T, 2U)
         keys = self.posterior.project_regions(regions)
@@ -355,7 +365,7 @@ class LSTMDecoder(nn.Module):
         chosen = regions[images, locations]                                                 # (W, D'): a_{s_t}
         if self.gate is not None:
             chosen = torch.cat([i["gate"] for i in infos]) * chosen
-        logits = self.output_logits(embedded, torch.cat(hs), chosen)
+        logits = self.out_words(self.deep_output(embedded, torch.cat(hs), chosen) * keep)
         return {"logits": logits, "log_prob": log_q.gather(1, locations[:, None]).squeeze(1), "kl": kl,
                 "locations": locations}
 

@@ -62,7 +62,8 @@ class TrainedOn(BaseModel):
 class ModelInfo(BaseModel):
     name: str = Field(description="what requests call it: its run folder's name", examples=["soft"])
     decoder: str = Field(examples=["lstm", "transformer"])
-    attention: str = Field(description="soft | hard | none (LSTM), cross-attention (Transformer)")
+    attention: str = Field(description="soft | hard | marginal | variational | none (LSTM), cross-attention "
+                                       "(Transformer)")
     encoder: str = Field(examples=["mobilenet_v2"])
     vocab_size: int
     grid: tuple[int, int] = Field(description="(gh, gw) region grid of the attention maps")
