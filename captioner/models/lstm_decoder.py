@@ -315,31 +315,37 @@ class LSTMDecoder(nn.Module):
         hidden_weight, context_weight = self.step_weights(carrier, detach=record is not None)
         hs, zs, alphas, infos = self.recurrence(regions, keys, h, c, carrier.split(running), hidden_weight,
                                                 context_weight, running, running_expectation, record)
-        if self.config.attention_mode == "marginal":     # the mixture's log-probabilities serve as the logits
-            images = torch.cat([torch.arange(n, device=captions.device) for n in running])    # (W,) sorted rows
-            gate = torch.cat([i["gate"] for i in infos]) if self.gate is not None else None
-            logits = self.mixture_log_probs(embedded, torch.cat(hs), regions, images, torch.cat(alphas), gate)
-            logits = logits.index_select(0, to_packed[real])
-        else:
-            deep = self.deep_output(embedded, torch.cat(hs), torch.cat(zs))          # (W, E), packed
-            # variational: one dropout mask per word for the soft and the drawn words, whose difference is a reward
-            keep = self.dropout(torch.ones_like(deep)) if self.variational and self.training else None
-            logits = self.out_words(self.dropout(deep.index_select(0, to_packed[real])) if keep is None
-                                    else (deep * keep).index_select(0, to_packed[real]))
+        logits, keep = self.word_logits(embedded, hs, zs, alphas, infos, regions, running, to_packed[real])
         out = TeacherForced(logits=logits, alpha=_unpack(torch.cat(alphas), to_packed), repeats=repeats)
-        if self.variational and self.training:
+        if keep is not None:                                                  # variational attention, in training
             targets = self.embedding(captions[:, 1:].index_select(0, order))           # (B, T, E): y_1 .. y_T
             drawn = self.posterior_draws(regions, targets, lengths.index_select(0, order), running, h, hs, alphas,
                                          infos, embedded, keep)
             out.sampled_logits = drawn["logits"].index_select(0, to_packed[real])
-            out.log_prob_location = _unpack(drawn["log_prob"], to_packed)
-            out.kl = _unpack(drawn["kl"], to_packed)
-            out.locations = _unpack(drawn["locations"], to_packed)
+            out.log_prob_location, out.kl, out.locations = (_unpack(drawn[k], to_packed)
+                                                             for k in ("log_prob", "kl", "locations"))
         if sampling:
             out.log_prob_location = _unpack(torch.cat([i["log_prob_location"] for i in infos]), to_packed)
             out.entropy = _unpack(torch.cat([i["entropy"] for i in infos]), to_packed)
             out.expectation_rows = expectation_rows
         return out
+
+    def word_logits(self, embedded, hs, zs, alphas, infos, regions, running: list[int],
+                    targets_order: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The logits (W, V) of the W real words in the targets' order (``targets_order`` (W,): the packed row of
+        each) from the packed steps' ``embedded`` words and their ``hs``, ``zs``, ``alphas`` (marginal attention: the
+        mixture's log-probabilities); and, in variational training, the packed words' dropout mask (W, E), which
+        the drawn words share (their difference from the soft words is a reward), else None."""
+        if self.config.attention_mode == "marginal":
+            images = torch.cat([torch.arange(n, device=embedded.device) for n in running])    # (W,) sorted rows
+            gate = torch.cat([i["gate"] for i in infos]) if self.gate is not None else None
+            logits = self.mixture_log_probs(embedded, torch.cat(hs), regions, images, torch.cat(alphas), gate)
+            return logits.index_select(0, targets_order), None
+        deep = self.deep_output(embedded, torch.cat(hs), torch.cat(zs))              # (W, E), packed
+        if not (self.variational and self.training):
+            return self.out_words(self.dropout(deep.index_select(0, targets_order))), None
+        keep = self.dropout(torch.ones_like(deep))
+        return self.out_words((deep * keep).index_select(0, targets_order)), keep
 
     def posterior_draws(self, regions, targets, lengths, running: list[int], h0, hs, alphas, infos, embedded,
                         keep) -> dict:
