@@ -171,6 +171,19 @@ def memorise(decoder, features, captions, lr: float, steps: int = 150) -> float:
     return loss.item()
 
 
+def caption_and_attend(checkpoint, image: Path, figure: Path | None, capsys) -> None:
+    """``captioner caption --json`` of ``image`` by ``checkpoint`` succeeds and names the image; with ``figure``,
+    ``captioner attend`` draws it there too."""
+    from captioner.cli import main
+
+    capsys.readouterr()
+    assert main(["caption", str(image), "--checkpoint", str(checkpoint), "--json", "--device", "cpu"]) == 0
+    assert json.loads(capsys.readouterr().out)["image"] == str(image)
+    if figure is not None:
+        assert main(["attend", str(image), "--checkpoint", str(checkpoint), "--out", str(figure),
+                     "--device", "cpu"]) == 0
+
+
 def count_meteor_starts(patch: pytest.MonkeyPatch) -> list[str]:
     """Through ``patch``, make every METEOR Java process started from now on append its ``java`` to the returned
     list; closes the one an earlier test on this worker may have left kept."""

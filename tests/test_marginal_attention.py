@@ -7,7 +7,12 @@ from captioner.decoding.search import TokenRules, beam_search, greedy
 from captioner.models import lstm_decoder
 from captioner.objectives.losses import caption_loss
 from tests.conftest import memorise, padded_logits
-from tests.test_models import captions_batch, make_decoder
+from tests.test_models import (
+    captions_batch,
+    make_decoder,
+    parameter_gradients,
+    stepwise_loss,
+)
 
 START, END = 1, 2
 RULES = TokenRules(START, END)
@@ -74,26 +79,13 @@ def test_teacher_forcing_pieces_and_decode_steps_give_the_same_loss_and_gradient
     """The packed teacher forcing, in one piece or in pieces recomputed in the backward pass, against the
     decode-step interface word by word under plain autograd."""
     features, captions = torch.randn(3, 12, 16), captions_batch()
-    targets = captions[:, 1:]
-    real = targets != 0
-
-    def gradients(decoder, loss):
-        decoder.zero_grad()
-        loss.backward()
-        return loss.detach(), {name: p.grad.clone() for name, p in decoder.named_parameters() if p.grad is not None}
-
     decoder = make_decoder(attention_mode="marginal", **options)
     results = []
     for chunk in (lstm_decoder.MIXTURE_CHUNK, 3 * 30 * 12):          # one piece; pieces of 3 or 7 rows
         monkeypatch.setattr(lstm_decoder, "MIXTURE_CHUNK", chunk)
         out = decoder(features, captions)
-        results.append(gradients(decoder, caption_loss(out.logits, targets, None, 0.0)["loss"]))
-    state, log_probs = decoder.init_state(features), []
-    for t in range(targets.shape[1]):
-        step_log_probs, state, _ = decoder.step(captions[:, t], state)
-        log_probs.append(step_log_probs)
-    chosen = torch.stack(log_probs, 1).gather(2, targets.unsqueeze(2)).squeeze(2)
-    results.append(gradients(decoder, -chosen[real].sum() / real.sum()))
+        results.append(parameter_gradients(decoder, caption_loss(out.logits, captions[:, 1:], None, 0.0)["loss"]))
+    results.append(parameter_gradients(decoder, stepwise_loss(decoder, features, captions)))
     (loss, grads), *others = results
     assert "out_context.weight" in grads and "attention.region_proj.weight" in grads
     for other_loss, other in others:
@@ -148,20 +140,12 @@ def test_marginal_attention_needs_a_score():
 
 
 def test_a_marginal_run_trains_captions_and_draws_its_attention(tiny_coco, tmp_path, capsys):
-    import json
-
-    from captioner.cli import main
     from captioner.training.engine import train
-    from tests.conftest import tiny_config
+    from tests.conftest import caption_and_attend, tiny_config
 
     run = train(tiny_config(tiny_coco, tmp_path / "marginal", train={"epochs": 1}, loss={"label_smoothing": 0.1},
                             model={"lstm": {"attention_mode": "marginal", "marginal_regions": 3}}))
-    image = tiny_coco / "images" / "test" / "301.png"
-    capsys.readouterr()
-    assert main(["caption", str(image), "--checkpoint", run["checkpoint"], "--json", "--device", "cpu"]) == 0
-    assert json.loads(capsys.readouterr().out)["image"] == str(image)
-    assert main(["attend", str(image), "--checkpoint", run["checkpoint"], "--out", str(tmp_path / "m.png"),
-                 "--device", "cpu"]) == 0
+    caption_and_attend(run["checkpoint"], tiny_coco / "images" / "test" / "301.png", tmp_path / "m.png", capsys)
     assert (tmp_path / "m.png").stat().st_size > 0
 
 

@@ -354,6 +354,25 @@ def test_the_word_loss_node_has_the_gradients_of_plain_autograd(smoothing, keep_
     assert node[~real].eq(0).all()
 
 
+def parameter_gradients(decoder, loss) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """``loss`` (detached) and the gradient it gives each of ``decoder``'s parameters that gets one."""
+    decoder.zero_grad()
+    loss.backward()
+    return loss.detach(), {name: p.grad.clone() for name, p in decoder.named_parameters() if p.grad is not None}
+
+
+def stepwise_loss(decoder, features, captions) -> torch.Tensor:
+    """The mean negative log-likelihood of ``captions`` (B, T+1) through the decode-step interface, word by word."""
+    targets = captions[:, 1:]
+    real = targets != 0
+    state, log_probs = decoder.init_state(features), []
+    for t in range(targets.shape[1]):
+        step_log_probs, state, _ = decoder.step(captions[:, t], state)
+        log_probs.append(step_log_probs)
+    chosen = torch.stack(log_probs, 1).gather(2, targets.unsqueeze(2)).squeeze(2)
+    return -chosen[real].sum() / real.sum()
+
+
 @pytest.mark.parametrize("kind, options", [("additive", {}), ("additive", {"gate": "vector", "learned_sharpness": True}),
                                            ("dot", {"gate": "none"}), ("general", {}), ("none", {})])
 def test_teacher_forcing_has_the_gradients_of_word_by_word_steps(kind, options, monkeypatch):
@@ -363,27 +382,14 @@ def test_teacher_forcing_has_the_gradients_of_word_by_word_steps(kind, options, 
     from captioner.models import attention
 
     features, captions = torch.randn(3, 12, 16), captions_batch()
-    targets = captions[:, 1:]
-    real = targets != 0
-
-    def gradients(decoder, loss):
-        decoder.zero_grad()
-        loss.backward()
-        return loss.detach(), {name: p.grad.clone() for name, p in decoder.named_parameters() if p.grad is not None}
-
     decoder = make_decoder(kind, region_position="sinusoidal", position_dim=4, **options)
     out = decoder(features, captions)
-    packed_loss, packed = gradients(decoder, caption_loss(out.logits, targets, None, 0.0)["loss"])
+    packed_loss, packed = parameter_gradients(decoder, caption_loss(out.logits, captions[:, 1:], None, 0.0)["loss"])
 
     monkeypatch.setattr(attention, "additive_tanh_scores", plain_additive_scores)
-    state, log_probs = decoder.init_state(features), []
-    for t in range(targets.shape[1]):
-        step_log_probs, state, _ = decoder.step(captions[:, t], state)
-        log_probs.append(step_log_probs)
-    chosen = torch.stack(log_probs, 1).gather(2, targets.unsqueeze(2)).squeeze(2)
-    stepwise_loss, stepwise = gradients(decoder, -chosen[real].sum() / real.sum())
+    word_by_word_loss, stepwise = parameter_gradients(decoder, stepwise_loss(decoder, features, captions))
 
-    torch.testing.assert_close(packed_loss, stepwise_loss, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(packed_loss, word_by_word_loss, rtol=1e-6, atol=1e-6)
     assert packed.keys() == stepwise.keys() and "recurrent_gates.weight" in packed
     for name in packed:
         torch.testing.assert_close(packed[name], stepwise[name], rtol=1e-4, atol=1e-6, msg=name)

@@ -26,7 +26,7 @@ from captioner.objectives.losses import caption_loss
 from captioner.training import engine
 from captioner.training.engine import train
 from captioner.visualisation import attention_figure
-from tests.conftest import tiny_config
+from tests.conftest import caption_and_attend, tiny_config
 
 
 def state_of(path):
@@ -284,12 +284,7 @@ def test_hard_attention_run_round_trips_and_compare_writes_report(tiny_coco, tmp
     hard = train(tiny_config(tiny_coco, tmp_path / "hard", train={"epochs": 1}, model={"lstm": {"attention_mode": "hard"}}))
     payload = load_checkpoint(hard["checkpoint"])
     assert payload["loss"]["baseline_updates"] > 0  # the REINFORCE baseline was trained and saved with the loss
-    image = tiny_coco / "images" / "test" / "301.png"
-    capsys.readouterr()
-    assert main(["caption", str(image), "--checkpoint", hard["checkpoint"], "--json", "--device", "cpu"]) == 0
-    assert json.loads(capsys.readouterr().out)["image"] == str(image)
-    assert main(["attend", str(image), "--checkpoint", hard["checkpoint"], "--out", str(tmp_path / "h.png"),
-                 "--device", "cpu"]) == 0
+    caption_and_attend(hard["checkpoint"], tiny_coco / "images" / "test" / "301.png", tmp_path / "h.png", capsys)
     report_dir = tmp_path / "report"
     assert main(["compare", str(tmp_path / "soft"), str(tmp_path / "hard"), "--out", str(report_dir),
                  "--images", "2", "--beam", "2"]) == 0

@@ -104,15 +104,11 @@ def test_out_of_training_it_is_soft_attention_and_decodes_as_soft_attention():
 def test_a_variational_run_trains_and_captions(tiny_coco, tmp_path, capsys):
     import json
 
-    from captioner.cli import main
     from captioner.training.engine import train
-    from tests.conftest import tiny_config
+    from tests.conftest import caption_and_attend, tiny_config
 
     run = train(tiny_config(tiny_coco, tmp_path / "variational", train={"epochs": 1},
                             model={"lstm": {"attention_mode": "variational", "posterior_dim": 8}}))
     records = [json.loads(line) for line in (tmp_path / "variational" / "metrics.jsonl").read_text().splitlines()]
     assert any("kl" in r and "reinforce" in r for r in records if r["type"] == "train")
-    image = tiny_coco / "images" / "test" / "301.png"
-    capsys.readouterr()
-    assert main(["caption", str(image), "--checkpoint", run["checkpoint"], "--json", "--device", "cpu"]) == 0
-    assert json.loads(capsys.readouterr().out)["image"] == str(image)
+    caption_and_attend(run["checkpoint"], tiny_coco / "images" / "test" / "301.png", None, capsys)

@@ -114,6 +114,11 @@ def _unpack(packed: torch.Tensor, to_packed: torch.Tensor) -> torch.Tensor:
     return padded.index_select(0, to_packed.reshape(-1)).view(*to_packed.shape, *packed.shape[1:])
 
 
+def packed_rows(running: list[int], device: torch.device) -> torch.Tensor:
+    """The sorted row (image) of each packed word (W,): step t's words are rows 0 .. ``running[t]`` - 1."""
+    return torch.cat([torch.arange(n, device=device) for n in running])
+
+
 MIXTURE_CHUNK = 1 << 24
 """Marginal attention: the most word logits (rows x regions x V) one piece of the mixture computes at once; in
 training each piece is recomputed in the backward pass instead of kept, so memory stays bounded by it."""
@@ -337,7 +342,7 @@ class LSTMDecoder(nn.Module):
         mixture's log-probabilities); and, in variational training, the packed words' dropout mask (W, E), which
         the drawn words share (their difference from the soft words is a reward), else None."""
         if self.config.attention_mode == "marginal":
-            images = torch.cat([torch.arange(n, device=embedded.device) for n in running])    # (W,) sorted rows
+            images = packed_rows(running, embedded.device)
             gate = torch.cat([i["gate"] for i in infos]) if self.gate is not None else None
             logits = self.mixture_log_probs(embedded, torch.cat(hs), regions, images, torch.cat(alphas), gate)
             return logits.index_select(0, targets_order), None
@@ -367,7 +372,7 @@ class LSTMDecoder(nn.Module):
         log_q = q.clamp_min(1e-12).log()
         kl = (q * (log_q - alpha.clamp_min(1e-12).log())).sum(dim=1)                       # exact, over the L regions
         locations = torch.multinomial(q.detach(), 1).squeeze(1)                            # s_t ~ q_t
-        images = torch.cat([torch.arange(n, device=regions.device) for n in running])
+        images = packed_rows(running, regions.device)
         chosen = regions[images, locations]                                                 # (W, D'): a_{s_t}
         if self.gate is not None:
             chosen = torch.cat([i["gate"] for i in infos]) * chosen
