@@ -106,8 +106,9 @@ class TrainConfig:
         0, "objective scst: at most this many epochs of cross-entropy first (fewer when train.early_stopping ends "
         "them); self-critical training then starts from the best of them, with a fresh Adam at train.scst_lr",
         minimum=0)
-    scst_lr: float | None = setting(None, "objective scst after cross-entropy: the learning rate from the switch on "
-                                          "(None: train.lr)", above=0)
+    scst_lr: float | None = setting(
+        None, "objective scst: the learning rate of self-critical epochs, constant, with a fresh Adam at the switch "
+        "from cross-entropy (None: train.lr, and from the first epoch under train.lr_schedule)", above=0)
     expectation_epochs: int = setting(
         0, "hard attention: this many epochs first in which every caption reads alpha's expectation (no location "
         "sampled: a warm start), then model.lstm.expectation_probability", minimum=0)
@@ -121,6 +122,15 @@ class TrainConfig:
     scst_temperature: float = setting(1.0, "objective scst: sampling temperature", above=0)
     scst_bleu_weight: float = setting(0.0, "objective scst: reward = CIDEr-D + this * BLEU-4", minimum=0)
     scst_count_end: bool = setting(True, "objective scst: <end> counts as a word in the reward, so captions learn to stop")
+    scst_xe_weight: float = setting(
+        0.0, "objective scst: plus this times the cross-entropy (the loss section's) of one reference caption per "
+        "image, drawn at each step, which holds the policy near the human captions (a mixed objective)", minimum=0)
+    scst_dropout: bool = setting(
+        True, "objective scst: captions are sampled with the decoder's dropout on, as in training (false: off, so "
+        "that the policy sampled and reinforced is the one that decodes)")
+    scst_patience: int | None = setting(
+        None, "objective scst: self-critical epochs in a row without a gain over the best so far (cross-entropy's "
+        "included) that end the run (None: train.early_stopping)", minimum=1)
 
     def check(self) -> None:
         check_settings(self, "train")

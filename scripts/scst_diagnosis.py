@@ -1,13 +1,17 @@
 """Why does self-critical training lose on real photos? Finished runs side by side: cross-entropy starts and the
 SCST runs made from them, each trained by ``captioner train`` with the overrides its ``config.yaml`` records against
-its recipe (``flickr8k_soft`` for cross-entropy, ``flickr8k_soft_scst`` for SCST). Per run: what it changed,
+its recipe: on the quick subset ``flickr8k_soft`` for cross-entropy and ``flickr8k_soft_scst`` for SCST, on the full
+Flickr8k (``--study full``) ``flickr8k_full_soft`` and ``flickr8k_full_soft_scst``. Per run: what it changed,
 validation CIDEr per epoch (the subset decoded during training), for SCST the mean reward and the share of samples
-cut at the length limit in its last epoch, and its best checkpoint on every validation photo decoded twice: with the
-cross-entropy recipe's ``decode`` section (beam 3, ``max_length`` 22, ``block_ngram`` 2, ``no_dangling_end``) and
-with the SCST recipe's (beam 3, ``max_length`` 16), so that an SCST model and its start are compared under the same
-decoding rules.
+cut at the length limit in its last epoch, and its best checkpoint (or the checkpoint named, such as the
+cross-entropy start an SCST run kept) on every validation photo decoded twice, so that an SCST model and its start
+are compared under the same rules: on the subset with the cross-entropy recipe's ``decode`` section (beam 3,
+``max_length`` 22, ``block_ngram`` 2, ``no_dangling_end``) and with the SCST recipe's (beam 3, ``max_length`` 16);
+on the full Flickr8k with the recipes' (the same for both) and greedily (beam 1, neither rule).
 
     python scripts/scst_diagnosis.py runs/diag/xe_ls01 runs/diag/scst_recipe ... --save scst_diagnosis
+    python scripts/scst_diagnosis.py --study full runs/flickr8k_full/soft_scst_s0/cross_entropy.pt \
+        runs/diag_full/scst_dropout_on ... --save scst_diagnosis_full
 
 Never commit what the runs write (runs/): the photos are for research use only.
 """
@@ -16,8 +20,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 
+import torch
 import yaml
 from hard_attention_diagnosis import differences
 
@@ -25,73 +31,94 @@ from captioner.config import load_config, recipes
 from captioner.results.record import write_result
 from captioner.workflows.evaluate import evaluate_checkpoint
 
-XE, SCST = "flickr8k_soft", "flickr8k_soft_scst"
+STUDIES = {"subset": ("flickr8k_soft", "flickr8k_soft_scst"), "full": ("flickr8k_full_soft", "flickr8k_full_soft_scst")}
+"""Per study, its cross-entropy recipe and its SCST recipe: the quick subset (700 training photos) and the full
+Flickr8k."""
 # a run's changes against its recipe that shape no number of its training step or decoding
-LENGTH_AND_START = ("train.epochs=", "train.val_max_images=", "train.init_from=", "run.seed=",
-                    "data.features=", "data.max_val_images=")
-DECODINGS = {recipe: load_config(recipes()[recipe]).to_dict()["decode"] for recipe in (XE, SCST)}
-"""The two decodings of each best checkpoint: the cross-entropy recipe's ``decode`` section and the SCST recipe's."""
+LENGTH_AND_START = ("train.epochs=", "train.val_max_images=", "train.init_from=", "run.seed=", "train.scst_patience=",
+                    "train.early_stopping=", "data.features=", "data.max_val_images=")
+
+
+def decodings(study: str) -> dict[str, dict]:
+    """The decodings each checkpoint of ``study`` is scored with. The subset: its cross-entropy recipe's
+    ``decode`` section and its SCST recipe's. The full Flickr8k, whose two recipes decode alike: theirs, and
+    ``greedy`` (beam 1 without the blocking and ending rules: the policy's own mode)."""
+    xe, scst = (load_config(recipes()[name]).to_dict()["decode"] for name in STUDIES[study])
+    if study == "subset":
+        return {STUDIES[study][0]: xe, STUDIES[study][1]: scst}
+    return {STUDIES[study][0]: xe, "greedy": {**xe, "beam": 1, "block_ngram": 0, "no_dangling_end": False}}
 
 
 def decode_overrides(decode: dict) -> list[str]:
     return [f"decode.{key}={json.dumps(value)}" for key, value in decode.items()]
 
 
-def scored_run(folder: Path) -> dict:
-    """One finished run: its changes against its recipe, its validation curve and SCST statistics, and its best
-    checkpoint on all validation photos with each of :data:`DECODINGS`."""
+def scored_run(path: Path, study: str) -> dict:
+    """One finished run (a folder: its ``best.pt``; or one checkpoint of a run, such as an SCST run's
+    ``cross_entropy.pt``): its changes against its recipe, its validation curve (up to the checkpoint's epoch) and
+    SCST statistics, and the checkpoint on all validation photos with each of :func:`decodings`."""
+    folder, checkpoint = (path.parent, path) if path.suffix == ".pt" else (path, path / "best.pt")
     config = yaml.safe_load((folder / "config.yaml").read_text())
-    recipe = SCST if config["train"]["objective"] == "scst" else XE
+    xe, scst = STUDIES[study]
+    recipe = scst if config["train"]["objective"] == "scst" else xe
     records = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
-    curve = [r for r in records if r["type"] == "val"]
+    last_epoch = (torch.load(checkpoint, map_location="cpu", weights_only=True)["progress"]["epoch"]
+                  if checkpoint.name != "best.pt" else math.inf)
+    curve = [r for r in records if r["type"] == "val" and r["epoch"] <= last_epoch]
     sampled = [r for r in records
                if r["type"] == "train" and r["objective"] == "scst" and r["epoch"] == curve[-1]["epoch"]]
-    row = {"run": folder.name, "recipe": recipe, "init_from": config["train"].get("init_from"),
+    name = folder.name if checkpoint.name == "best.pt" else f"{folder.name}/{checkpoint.name}"
+    row = {"run": name, "recipe": recipe, "init_from": config["train"].get("init_from"),
            "changes": differences(config, load_config(recipes()[recipe]).to_dict()),
            "val_curve": [{"epoch": r["epoch"], "CIDEr": round(r["CIDEr"], 4)} for r in curve],
            "best_epoch": max(curve, key=lambda r: r["CIDEr"])["epoch"], "decoded": {}}
     if sampled:
         row["last_epoch_samples"] = {key: round(sum(r[key] for r in sampled) / len(sampled), 4)
                                      for key in ("reward", "cut_share", "caption_length", "sample_entropy")}
-    for name, decode in DECODINGS.items():
-        scored = folder / f"val_{name}" / "scores_val.json"
+    for decoding, decode in decodings(study).items():
+        prefix = "val" if checkpoint.name == "best.pt" else f"val_{checkpoint.stem}"
+        scored = folder / f"{prefix}_{decoding}" / "scores_val.json"
         scores = json.loads(scored.read_text()) if scored.exists() else None
-        if not scores or scores["decode"] != decode or scored.stat().st_mtime < (folder / "best.pt").stat().st_mtime:
-            # not scored with this decoding since best.pt was written
-            scores = evaluate_checkpoint(folder / "best.pt", "val", out_dir=scored.parent, progress=False,
+        if not scores or scores["decode"] != decode or scored.stat().st_mtime < checkpoint.stat().st_mtime:
+            # not scored with this decoding since the checkpoint was written
+            scores = evaluate_checkpoint(checkpoint, "val", out_dir=scored.parent, progress=False,
                                          overrides=["data.max_val_images=null", *decode_overrides(decode)])
         diversity = scores["diversity"]
-        row["decoded"][name] = {
+        row["decoded"][decoding] = {
             "images": scores["images"], **{k: round(scores[k], 4) for k in ("BLEU-4", "METEOR", "CIDEr")},
             "distinct_captions": round(diversity["distinct_captions"], 4),
             "vocabulary_used": diversity["vocabulary_used"], "mean_length": round(diversity["mean_length"], 2),
             "dangling_end": round(diversity["dangling_end"], 4),
             "repeated_bigram": round(diversity["repeated_bigram"], 4)}
-        print(json.dumps({"run": folder.name, "decoding": name, **row["decoded"][name]}), flush=True)
+        print(json.dumps({"run": name, "decoding": decoding, **row["decoded"][decoding]}), flush=True)
     return row
 
 
-def made_by(rows: list[dict]) -> tuple[list[str], list[str]]:
+def made_by(rows: list[dict], study: str) -> tuple[list[str], list[str]]:
     """The configs and probes of the result: each row's recipe with the changes that shape its training (trained as
-    it was), and the decoding probes of :data:`DECODINGS`."""
+    it was), and the decoding probes of :func:`decodings`."""
     configs = []
     for row in rows:
         changes = [c for c in row["changes"] if not c.startswith((*LENGTH_AND_START, "decode."))]
         configs.append(" ".join([row["recipe"], *changes]))
     configs = list(dict.fromkeys(configs))
     probes = ["text", "metrics", *(f"train {config}" for config in configs),
-              *(" ".join(["decode", XE, *decode_overrides(decode)]) for decode in DECODINGS.values())]
+              *(" ".join(["decode", STUDIES[study][0], *decode_overrides(decode)])
+                for decode in decodings(study).values())]
     return configs, probes
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("folders", nargs="+", help="run folders (best.pt, config.yaml, metrics.jsonl)")
+    parser.add_argument("runs", nargs="+", help="run folders (best.pt, config.yaml, metrics.jsonl), or checkpoints "
+                        "of run folders (an SCST run's cross_entropy.pt)")
+    parser.add_argument("--study", choices=tuple(STUDIES), default="subset",
+                        help="which recipes the runs were trained by: the quick subset's or the full Flickr8k's")
     parser.add_argument("--save", metavar="NAME", help="also write benchmarks/results/NAME.json")
     args = parser.parse_args()
-    rows = [scored_run(Path(folder)) for folder in args.folders]
+    rows = [scored_run(Path(run), args.study) for run in args.runs]
     if args.save:
-        configs, probes = made_by(rows)
+        configs, probes = made_by(rows, args.study)
         write_result(args.save, {"runs": rows}, configs=configs, probes=probes)
 
 

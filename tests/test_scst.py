@@ -12,6 +12,8 @@ import torch
 from pycocoevalcap.bleu.bleu import Bleu
 from pycocoevalcap.cider.cider import Cider
 
+from captioner.data.dataset import CaptionDataset
+from captioner.data.readers import read_split
 from captioner.data.vocabulary import Vocabulary
 from captioner.decoding.search import TokenRules, greedy, sample_captions
 from captioner.models.lstm_decoder import LSTMDecoder, LSTMDecoderConfig
@@ -186,14 +188,91 @@ def test_cross_entropy_that_stops_gaining_hands_its_best_epoch_to_scst_and_resum
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_scst_from_a_trained_checkpoint_keeps_its_architecture_and_vocabulary(tiny_coco, tmp_path):
+def test_self_critical_stages_keep_their_rate_and_their_own_patience(tiny_coco, tmp_path, monkeypatch):
+    """Plateau decays act on cross-entropy epochs only; after the switch, train.scst_patience epochs without a
+    gain end the run, not train.early_stopping."""
+    scst = {"objective": "scst", "scst_after_epoch": 4, "early_stopping": 1, "scst_patience": 3, "scst_lr": 0.001,
+            "lr": 0.005, "lr_schedule": "plateau", "lr_patience": 1, "lr_gamma": 0.5, "scst_samples": 2,
+            "scst_batch_size": 4, "epochs": 8}
+    monkeypatch.setattr(engine, "validate", scripted_validation(0.5, 0.4, 0.3, 0.35, 0.45, 0.9))
+    result = train(tiny_config(tiny_coco, tmp_path / "run", train=scst))
+    steps = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    rates = {r["epoch"]: r["lr"] for r in steps if r["type"] == "train"}
+    assert rates == {1: 0.005, 2: 0.005, 3: 0.001, 4: 0.001, 5: 0.001}    # the switch after epoch 2, then constant
+    assert result["epochs"] == 5                                         # three SCST epochs below 0.5, then stop
+
+
+def test_the_cross_entropy_weight_adds_a_reference_captions_loss():
+    model = decoder(dropout=0.0)
+    regions, references = torch.randn(2, 4, 8), torch.tensor([[1, 5, 6, 2], [1, 7, 2, 0]])
+    reward = lambda captions, ids, ended: np.arange(len(captions), dtype=float)     # noqa: E731
+    cross_entropy = lambda out, targets: {"loss": torch.nn.functional.cross_entropy(   # noqa: E731
+        out.logits, targets[targets != VOCAB.pad_index])}
+    mixed = SelfCritical(reward, VOCAB, samples=2, max_length=5, xe_weight=0.3, cross_entropy=cross_entropy)
+    torch.manual_seed(2)
+    losses = mixed(model, regions, [0, 1], references)
+    torch.manual_seed(2)
+    plain = SelfCritical(reward, VOCAB, samples=2, max_length=5)(model, regions, [0, 1])
+    expected = cross_entropy(model(regions, references), references[:, 1:])["loss"]
+    torch.testing.assert_close(losses["cross_entropy"], expected)
+    torch.testing.assert_close(losses["loss"], plain["loss"] + 0.3 * expected)
+
+
+def test_a_self_critical_run_with_a_cross_entropy_weight_draws_each_images_own_references_and_resumes_exactly(
+        tiny_coco, tmp_path):
+    scst = {"objective": "scst", "scst_samples": 2, "scst_xe_weight": 0.5, "epochs": 2, "lr": 0.005}
+    config = tiny_config(tiny_coco, tmp_path / "full", train=scst)
+    train(config)
+    steps = [json.loads(line) for line in (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["cross_entropy"] > 0 for r in steps if r["type"] == "train")
+    train(tiny_config(tiny_coco, tmp_path / "split", train={**scst, "epochs": 1}))
+    train(tiny_config(tiny_coco, tmp_path / "split", train=scst), resume=True)
+    a, b = (torch.load(tmp_path / name / "last.pt", weights_only=True)["model"] for name in ("full", "split"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    # the references drawn for a batch of images are captions of those images, each of them drawn
+    vocab = Vocabulary.from_dict(torch.load(tmp_path / "full" / "last.pt", weights_only=True)["vocab"])
+    dataset = CaptionDataset(read_split(config.data, "train"), vocab, 50, transform=lambda image: image, pairs=False)
+    picks = torch.tensor([3, 3, 0, 7] * 50)
+    drawn = dataset.random_captions(picks)
+    for row, record in zip(drawn.tolist(), picks.tolist()):
+        own = {tuple(vocab.encode(c, 50)) for c in dataset.records[record].captions}
+        assert tuple(t for t in row if t != VOCAB.pad_index) in own
+    assert len({tuple(row) for row, r in zip(drawn.tolist(), picks.tolist()) if r == 3}) == 2    # both of its two
+
+
+@pytest.mark.parametrize("mode", ["soft", "hard"])
+def test_sampling_without_dropout_reinforces_the_policy_that_decodes(mode):
+    model = decoder(attention_mode=mode, dropout=0.5)
+    regions = torch.randn(3, 4, 8)
+    objective = SelfCritical(lambda captions, ids, ended: np.arange(len(captions), dtype=float), VOCAB, samples=2,
+                             max_length=6, dropout=False)
+    torch.manual_seed(1)
+    losses = objective(model, regions, [0, 1, 2])
+    assert model.training and model.dropout.training                     # dropout back on after the draw
+    losses["loss"].backward()
+    assert model.out_words.weight.grad.abs().sum() > 0
+    with_dropout = SelfCritical(objective.reward, VOCAB, samples=2, max_length=6)
+    # the same draw with every dropout layer in evaluation mode by hand: the same loss
+    for layer in (m for m in model.modules() if isinstance(m, torch.nn.Dropout)):
+        layer.eval()
+    torch.manual_seed(1)
+    torch.testing.assert_close(with_dropout(model, regions, [0, 1, 2])["loss"], losses["loss"])
+    model.dropout.train()
+    torch.manual_seed(1)
+    assert with_dropout(model, regions, [0, 1, 2])["loss"] != losses["loss"]
+
+
+def test_scst_from_a_trained_checkpoint_keeps_its_architecture_and_vocabulary_at_its_own_rate(tiny_coco, tmp_path):
     first = train(tiny_config(tiny_coco, tmp_path / "xe", train={"epochs": 1}, model={"lstm": {"hidden_dim": 24}}))
     config = tiny_config(tiny_coco, tmp_path / "scst", train={"epochs": 1, "objective": "scst", "scst_baseline": "greedy",
-                                                              "scst_samples": 2, "init_from": first["checkpoint"]})
+                                                              "scst_samples": 2, "init_from": first["checkpoint"],
+                                                              "scst_lr": 0.0007})
     result = train(config)
     payload = torch.load(result["checkpoint"], weights_only=True)
     assert payload["config"]["model"]["lstm"]["hidden_dim"] == 24
     assert payload["vocab"] == torch.load(first["checkpoint"], weights_only=True)["vocab"]
+    steps = [json.loads(line) for line in (tmp_path / "scst" / "metrics.jsonl").read_text().splitlines()]
+    assert {r["lr"] for r in steps if r["type"] == "train"} == {0.0007}     # train.scst_lr from the first epoch
 
 
 @pytest.mark.skipif(not COCO_MINI.exists(), reason="../shared/data/coco-mini is not here")

@@ -122,6 +122,30 @@ def test_keeping_freed_memory_spares_the_page_faults_of_a_step_tensor_taken_agai
     assert without > 8000 and with_it < 100        # 16,384 pages of 4 kB faulted in again by default; none here
 
 
+DENORMALS = """
+import sys, torch
+from captioner.cli import main
+torch.set_num_threads(2)
+if sys.argv[1] == "late":
+    torch.randn(1 << 22).sum()                  # torch's worker threads exist before the flag is set
+if sys.argv[1] != "off":
+    main(["config", "--reference"])             # any command sets it first
+tiny = torch.full((1 << 22,), 1e-30) * 1e-9     # 1e-39: denormal in float32, computed on both threads
+print((tiny == 0).float().mean().item())
+"""
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="x86's flush-to-zero flag")
+def test_a_command_flushes_denormals_to_zero_in_every_torch_thread():
+    def zero_share(mode: str) -> float:
+        done = subprocess.run([sys.executable, "-c", DENORMALS, mode], capture_output=True, text=True, check=True)
+        return float(done.stdout.split()[-1])
+
+    assert zero_share("command") == 1.0
+    assert zero_share("off") == 0.0
+    assert 0 < zero_share("late") < 1           # set after the thread pool exists: the calling thread's share only
+
+
 @pytest.mark.parametrize("make", [lstm, transformer], ids=["lstm", "transformer"])
 def test_a_compiled_decoding_step_gives_the_same_captions(make):
     from captioner.decoding.search import TokenRules, beam_search

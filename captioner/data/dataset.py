@@ -53,6 +53,8 @@ class CaptionDataset(Dataset):
         self.offsets = np.zeros(len(encoded) + 1, dtype=np.int64)    # caption k: tokens[offsets[k]:offsets[k + 1]]
         np.cumsum([len(e) for e in encoded], out=self.offsets[1:])
         counts = [len(r.captions) for r in self.records]
+        self.record_captions = np.zeros(len(self.records) + 1, dtype=np.int64)   # record r: captions in [r, r + 1)
+        np.cumsum(counts, out=self.record_captions[1:])
         # item i: record item_record[i] with its caption item_caption[i] (an index into offsets; -1: no caption)
         self.item_record = np.repeat(np.arange(len(self.records)), counts) if pairs else np.arange(len(self.records))
         self.item_caption = np.arange(len(encoded)) if pairs else np.full(len(self.records), -1)
@@ -63,6 +65,18 @@ class CaptionDataset(Dataset):
     def caption_length(self, index: int) -> int:
         caption = self.item_caption[index]
         return int(self.offsets[caption + 1] - self.offsets[caption]) if caption >= 0 else 0
+
+    def random_captions(self, records: torch.Tensor) -> torch.Tensor:
+        """One caption of each record (``records`` (B,) record indices, as batches carry in ``index``), drawn
+        uniformly by torch's global generator, padded: (B, T), ``<start> .. <end> <pad>..``."""
+        first = torch.from_numpy(self.record_captions[records.numpy()])
+        counts = torch.from_numpy(self.record_captions[records.numpy() + 1]) - first
+        picks = first + (torch.rand(len(records)) * counts).long().clamp(max=counts - 1)
+        captions = [self.tokens[self.offsets[k]:self.offsets[k + 1]] for k in picks.tolist()]
+        out = torch.zeros(len(captions), max(map(len, captions)), dtype=torch.long)
+        for row, caption in enumerate(captions):
+            out[row, :len(caption)] = torch.from_numpy(caption)
+        return out
 
     @property
     def visual_kind(self) -> str:

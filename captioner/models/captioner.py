@@ -129,12 +129,12 @@ class Captioner(nn.Module):
                 features: torch.Tensor | None = None, sequence_loss=None, image_ids=None):
         """Teacher-forced pass over ``captions`` (B, T+1): the decoder's
         :class:`~captioner.models.decoder.TeacherForced` output. Or, given a ``sequence_loss`` (a callable
-        ``sequence_loss(decoder, regions, image_ids)`` on captions the decoder samples, e.g. self-critical
-        training), its losses on the images: either way through ``forward``, so DistributedDataParallel sees the
-        pass."""
+        ``sequence_loss(decoder, regions, image_ids, captions)`` on captions the decoder samples, e.g. self-critical
+        training, with ``captions`` as references or None), its losses on the images: either way through
+        ``forward``, so DistributedDataParallel sees the pass."""
         regions = self.regions(images=images, features=features)
         if sequence_loss is not None:
-            return sequence_loss(self.decoder, regions, image_ids)
+            return sequence_loss(self.decoder, regions, image_ids, captions)
         return self.decoder(regions, captions)
 
 

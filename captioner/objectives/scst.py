@@ -8,13 +8,17 @@ it for those below:
     loss = - sum_{i, t} (r_i - b_i) * log p(w_it) / (sampled words)
 
 The baseline ``b_i`` is the mean reward of the image's other k - 1 samples (``mean``, Luo 2020) or the reward
-of its greedy caption (``greedy``, the original). Words after a caption's ``<end>`` get no gradient. For hard
-attention the sampled locations share the caption's reward, and ``loss.entropy_weight`` stays available.
+of its greedy caption (``greedy``, the original). Words after a caption's ``<end>`` get no gradient. The
+captions are drawn with the decoder's dropout on (as in the self-critical code base) or off (``dropout=False``: the
+policy reinforced is the one that decodes). With ``xe_weight`` the cross-entropy of a reference caption per image
+is added, weighted, so that the policy stays near the human captions. For hard attention the sampled locations
+share the caption's reward, and ``loss.entropy_weight`` stays available.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -26,6 +30,20 @@ from captioner.objectives.rewards import cached_cider, sentence_bleu4
 
 RewardFunction = Callable[[list[list[str]], list[int], list[bool]], np.ndarray]
 """``reward(captions, image_ids, ended)``: per caption (its words, its image, whether it closed with ``<end>``)."""
+
+
+@contextmanager
+def dropout_off(module: torch.nn.Module, off: bool = True):
+    """Within the block, every dropout layer of ``module`` passes its input through (when ``off``); the rest of
+    the module stays in its mode (hard attention keeps sampling locations in training)."""
+    layers = [m for m in module.modules() if isinstance(m, torch.nn.Dropout) and m.training] if off else []
+    for layer in layers:
+        layer.eval()
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer.train()
 
 
 def caption_words(tokens: torch.Tensor, vocab: Vocabulary) -> list[list[str]]:
@@ -64,13 +82,17 @@ class SelfCritical:
     """The self-critical objective of one run: its reward, baseline and sampling settings."""
 
     def __init__(self, reward: RewardFunction, vocab: Vocabulary, *, samples: int = 5, baseline: str = "mean",
-                 temperature: float = 1.0, max_length: int = 20, suppress_unk: bool = True, entropy_weight: float = 0.0):
+                 temperature: float = 1.0, max_length: int = 20, suppress_unk: bool = True, entropy_weight: float = 0.0,
+                 dropout: bool = True, xe_weight: float = 0.0, cross_entropy=None):
         if baseline not in ("mean", "greedy"):
             raise ValueError(f"train.scst_baseline must be mean or greedy, not {baseline!r}")
         if baseline == "mean" and samples < 2:
             raise ValueError("train.scst_baseline=mean needs train.scst_samples >= 2")
         self.reward, self.vocab, self.samples, self.baseline = reward, vocab, samples, baseline
         self.temperature, self.max_length, self.entropy_weight = temperature, max_length, entropy_weight
+        self.dropout, self.xe_weight, self.cross_entropy = dropout, xe_weight, cross_entropy
+        if xe_weight and cross_entropy is None:
+            raise ValueError("a cross-entropy weight needs the cross-entropy loss")
         self.rules = TokenRules(vocab.start_index, vocab.end_index, vocab.pad_index,
                                 vocab.unk_index if suppress_unk else None)
 
@@ -84,10 +106,13 @@ class SelfCritical:
         """Per row of ``tokens`` (N, T): whether it wrote ``<end>`` (else it was cut at the length limit)."""
         return (tokens == self.vocab.end_index).any(dim=1)
 
-    def __call__(self, decoder, regions: torch.Tensor, image_ids: Sequence[int]) -> dict[str, torch.Tensor]:
-        """The loss of one batch: ``regions`` (B, L, D) of the images ``image_ids``; the decoder in training mode."""
-        drawn = sample_captions(decoder, regions, rules=self.rules, max_length=self.max_length, samples=self.samples,
-                                temperature=self.temperature)
+    def __call__(self, decoder, regions: torch.Tensor, image_ids: Sequence[int],
+                 references: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        """The loss of one batch: ``regions`` (B, L, D) of the images ``image_ids``, and with a cross-entropy weight
+        one reference caption per image, ``references`` (B, T+1); the decoder in training mode."""
+        with dropout_off(decoder, not self.dropout):
+            drawn = sample_captions(decoder, regions, rules=self.rules, max_length=self.max_length,
+                                    samples=self.samples, temperature=self.temperature)
         repeated = [i for i in image_ids for _ in range(self.samples)]
         rewards = self.rewards(drawn.tokens, repeated).to(regions.device)
         baseline = mean_of_others(rewards, self.samples) if self.baseline == "mean" else self.greedy_rewards(
@@ -102,6 +127,11 @@ class SelfCritical:
         loss = policy_loss(rewards - baseline, log_probs, mask)
         if "attention_entropy" in out and self.entropy_weight:
             loss = loss - self.entropy_weight * out["attention_entropy"]
+        if self.xe_weight:
+            if references is None:
+                raise ValueError("a cross-entropy weight needs a reference caption per image")
+            out["cross_entropy"] = self.cross_entropy(decoder(regions, references), references[:, 1:])["loss"]
+            loss = loss + self.xe_weight * out["cross_entropy"]
         words = (drawn.mask & (drawn.tokens != self.vocab.end_index)).sum(dim=1).float()
         return {**out, "loss": loss, "words": drawn.mask.sum(), "reward": rewards.mean(), "baseline": baseline.mean(),
                 "sample_entropy": (drawn.entropy * mask).sum() / mask.sum(), "caption_length": words.mean(),

@@ -166,7 +166,7 @@ def train_probe(config) -> dict:
     import torch
 
     from captioner.objectives.losses import build_loss
-    from captioner.objectives.scst import SelfCritical, metric_reward
+    from captioner.objectives.scst import metric_reward
     from captioner.training import engine
     from captioner.training.distributed import World
 
@@ -176,15 +176,14 @@ def train_probe(config) -> dict:
     batch = probe_batch(config, vocab, model)
     optimizer = engine.make_optimizer(model, config)
     train = config.train
+    loss = build_loss(model.decoder, config.loss)
     self_critical = None
     if train.objective == "scst":
         references = {i: [caption] for i, caption in enumerate(PROBE_CAPTIONS)}
         reward = metric_reward(references, None, count_end=train.scst_count_end, bleu_weight=train.scst_bleu_weight)
-        self_critical = SelfCritical(reward, vocab, samples=train.scst_samples, baseline=train.scst_baseline,
-                                     temperature=train.scst_temperature, max_length=config.decode.max_length,
-                                     suppress_unk=config.decode.suppress_unk, entropy_weight=config.loss.entropy_weight)
+        self_critical = engine.self_critical_objective(config, vocab, reward, loss)
     run = engine.Run(config=config, world=World(), device=torch.device("cpu"), dir=None, vocab=vocab, model=model,
-                     net=model, loss=build_loss(model.decoder, config.loss), optimizer=optimizer,
+                     net=model, loss=loss, optimizer=optimizer,
                      scheduler=engine.make_scheduler(optimizer, config, TRAIN_STEPS), scaler=torch.amp.GradScaler(
                          "cpu", enabled=False), loaders={}, val_set=None, self_critical=self_critical, logger=None,
                      rank_batch=len(PROBE_CAPTIONS))

@@ -219,8 +219,8 @@ def own_photos(result: dict) -> list[str]:
 def scst_diagnosis(result: dict) -> list[str]:
     """Cross-entropy starts and the SCST runs made from them (``scripts/scst_diagnosis.py``): what each changed,
     validation CIDEr per epoch, the SCST samples of its last epoch (mean reward, share cut at the length limit), and
-    its best checkpoint on the validation photos with the cross-entropy recipe's decoding and the SCST recipe's (a
-    row each; the run's own cells on its first)."""
+    its best checkpoint on the validation photos with each decoding (the subset: the cross-entropy recipe's and the
+    SCST recipe's; the full Flickr8k: the recipes' and greedy), a row each, the run's own cells on its first."""
     lines = header("run", "differs from its recipe", "starts from", "val CIDEr by epoch (subset)",
                    "last epoch's samples: reward, cut", "decoding", "BLEU-4", "METEOR", "CIDEr", "distinct",
                    "words used", "mean length", "dangling end")
@@ -229,12 +229,15 @@ def scst_diagnosis(result: dict) -> list[str]:
                            *(("model.",) if run.get("init_from") else ()))      # a start's model is its own
         changes = [c for c in run["changes"] if not c.startswith(shown_elsewhere)]
         samples = run.get("last_epoch_samples")
-        start = f"`{Path(run['init_from']).parent.name}`" if run.get("init_from") else "–"
+        start = "–"
+        if run.get("init_from"):
+            init = Path(run["init_from"])
+            start = f"`{init.parent.name}`" if init.name == "best.pt" else f"`{init.parent.name}/{init.name}`"
         for first, (mode, scored) in zip((True, False), run["decoded"].items()):
             named = (f"`{run['run']}`", ", ".join(f"`{c}`" for c in changes) or "–", start,
                      ", ".join(number(point["CIDEr"]) for point in run["val_curve"]),
                 f"{number(samples['reward'])}, {number(samples['cut_share'], 2)}" if samples else "–")
-            lines.append(row(*(named if first else ("",) * 5), f"`{mode}`'s",
+            lines.append(row(*(named if first else ("",) * 5), mode if mode == "greedy" else f"`{mode}`'s",
                              number(scored["BLEU-4"]), number(scored["METEOR"]), number(scored["CIDEr"]),
                              number(scored["distinct_captions"], 2), scored["vocabulary_used"],
                              number(scored["mean_length"], 1), number(scored["dangling_end"], 3)))
@@ -257,4 +260,4 @@ TABLES: dict[str, Callable[[dict], list[str]]] = {
     "demo": demo, "scaling": scaling, "scst": scst, "decode_beside_python": decode_beside_python,
     "flickr8k_full": flickr8k_full, "hard_attention_snr": hard_attention_snr, "hard_attention_runs": hard_attention_runs,
     "recipe_times": recipe_times, "flickr8k_ensembles": flickr8k_ensembles, "own_photos": own_photos,
-    "scst_diagnosis": scst_diagnosis}
+    "scst_diagnosis": scst_diagnosis, "scst_diagnosis_full": scst_diagnosis}

@@ -221,10 +221,12 @@ def make_scheduler(optimizer, config: Config, steps_per_epoch: int) -> torch.opt
 
 
 def decay_on_plateau(run: "Run", state: "TrainState") -> None:
-    """``train.lr_schedule=plateau``: every ``train.lr_patience`` epochs in a row without a gain, the learning
-    rates (the scheduler's base rates, which its checkpoint keeps) times ``train.lr_gamma``."""
+    """``train.lr_schedule=plateau``: every ``train.lr_patience`` cross-entropy epochs in a row without a gain, the
+    learning rates (the scheduler's base rates, which its checkpoint keeps) times ``train.lr_gamma``. Self-critical
+    epochs keep their rate."""
     train = run.config.train
-    if train.lr_schedule != "plateau" or not state.stale or state.stale % train.lr_patience:
+    if (train.lr_schedule != "plateau" or state.scst_from is not None or not state.stale
+            or state.stale % train.lr_patience):
         return
     run.scheduler.base_lrs = [lr * train.lr_gamma for lr in run.scheduler.base_lrs]
     for group, lr in zip(run.optimizer.param_groups, run.scheduler.get_last_lr()):
@@ -235,13 +237,19 @@ def decay_on_plateau(run: "Run", state: "TrainState") -> None:
 
 def self_critical_optimizer(run: "Run") -> None:
     """The optimizer of self-critical training after cross-entropy: a fresh Adam at ``train.scst_lr`` (the
-    encoder's rate scaled alike), constant but for plateau decays."""
+    encoder's rate scaled alike), constant."""
     train = run.config.train
     scale = (train.scst_lr or train.lr) / train.lr if train.lr else 1.0
     config = dataclasses.replace(run.config, train=dataclasses.replace(
         train, lr=train.lr * scale, encoder_lr=train.encoder_lr * scale))
     run.optimizer = make_optimizer(run.model, config)
     run.scheduler = torch.optim.lr_scheduler.LambdaLR(run.optimizer, lambda step: 1.0)
+
+
+def has_self_critical_optimizer(config: Config, state: "TrainState") -> bool:
+    """Whether self-critical epochs run with :func:`self_critical_optimizer`: after a switch from cross-entropy,
+    and from the first epoch where ``train.scst_lr`` is set (else ``train.lr`` under ``train.lr_schedule``)."""
+    return state.scst_from is not None and (state.scst_from > 0 or config.train.scst_lr is not None)
 
 
 def begin_self_critical(run: "Run", state: "TrainState") -> None:
@@ -308,15 +316,16 @@ def build_run(config: Config, world: World, device: torch.device, checkpoint: di
         model.encoder.to(memory_format=torch.channels_last)
     loaders = {"xe": epoch_loader(make_dataset(config.data, train_records, vocab, model.encoder, pairs=True), config, world,
                                   device, rank_batch, data.bucket_by_length)}
+    loss = build_loss(model.decoder, config.loss).to(device)
     self_critical = None
     if train.objective == "scst":
         loaders["scst"] = epoch_loader(make_dataset(config.data, train_records, vocab, model.encoder, pairs=False), config,
                                        world, device, rank_batch_size(config, world, "scst"), bucket=False)
-        self_critical = make_self_critical(config, vocab, train_records)
+        self_critical = make_self_critical(config, vocab, train_records, loss)
     optimizer = make_optimizer(model, config)
     first = loaders["scst" if train.objective == "scst" and train.scst_after_epoch == 0 else "xe"]
     return Run(config=config, world=world, device=device, dir=Path(config.run.out), vocab=vocab, model=model,
-               net=wrap_model(model, world, device), loss=build_loss(model.decoder, config.loss).to(device),
+               net=wrap_model(model, world, device), loss=loss,
                optimizer=optimizer, scheduler=make_scheduler(optimizer, config, len(first)),
                scaler=torch.amp.GradScaler(device.type, enabled=train.amp is not False and amp_dtype(device) == torch.float16),
                loaders=loaders, val_set=make_dataset(config.data, val_records, vocab, model.encoder, pairs=False),
@@ -359,17 +368,25 @@ def decide_precision(run: Run, state: TrainState) -> Precision:
     return choice or Precision(state.amp, "rank 0's decision")
 
 
-def make_self_critical(config: Config, vocab: Vocabulary, train_records) -> SelfCritical:
+def make_self_critical(config: Config, vocab: Vocabulary, train_records, cross_entropy) -> SelfCritical:
     """The self-critical objective: CIDEr-D (+ BLEU-4) against the training references, whose document
-    frequencies are cached beside the features (or the vocabulary file, or the run)."""
+    frequencies are cached beside the features (or the vocabulary file, or the run); ``cross_entropy``, the run's
+    loss, for ``train.scst_xe_weight``."""
     data, train = config.data, config.train
     cache = data.features or (Path(data.vocab).parent if data.vocab else config.run.out)
     reward = metric_reward({r.image_id: r.captions for r in train_records}, cache, count_end=train.scst_count_end,
                            bleu_weight=train.scst_bleu_weight)
+    return self_critical_objective(config, vocab, reward, cross_entropy)
+
+
+def self_critical_objective(config: Config, vocab: Vocabulary, reward, cross_entropy) -> SelfCritical:
+    """The self-critical objective of ``config``'s ``train`` section with the reward function ``reward``."""
+    train = config.train
     try:
         return SelfCritical(reward, vocab, samples=train.scst_samples, baseline=train.scst_baseline,
                             temperature=train.scst_temperature, max_length=config.decode.max_length,
-                            suppress_unk=config.decode.suppress_unk, entropy_weight=config.loss.entropy_weight)
+                            suppress_unk=config.decode.suppress_unk, entropy_weight=config.loss.entropy_weight,
+                            dropout=train.scst_dropout, xe_weight=train.scst_xe_weight, cross_entropy=cross_entropy)
     except ValueError as err:
         raise CaptionerError(str(err)) from None
 
@@ -397,7 +414,7 @@ def restore(run: Run, checkpoint: dict) -> TrainState:
         run.loss.load_state_dict(loss_state)
     known = {f.name for f in fields(TrainState)}
     state = TrainState(**{k: v for k, v in checkpoint["progress"].items() if k in known})
-    if state.scst_from:         # past the switch from cross-entropy: the self-critical optimizer
+    if has_self_critical_optimizer(run.config, state):
         self_critical_optimizer(run)
     run.optimizer.load_state_dict(checkpoint["optimizer"])
     run.scheduler.load_state_dict(checkpoint["scheduler"])
@@ -414,7 +431,12 @@ def decoder_loss(run: Run, batch: dict, objective: str = "xe") -> dict[str, torc
     inputs = visual_inputs(batch, run.device, channels_last=channels_last)
     with autocast(run.device, run.precision.amp):
         if objective == "scst":
-            return run.net(sequence_loss=run.self_critical, image_ids=batch["image_id"], **inputs)
+            references = None
+            if run.config.train.scst_xe_weight:    # a reference caption per image: the batch's, or one of its image's
+                references = batch["captions"] if "captions" in batch else run.loaders["scst"].dataset.random_captions(
+                    batch["index"])
+                references = references.to(run.device, non_blocking=True)
+            return run.net(references, sequence_loss=run.self_critical, image_ids=batch["image_id"], **inputs)
         captions = batch["captions"].to(run.device, non_blocking=True)
         return run.loss(run.net(captions, **inputs), captions[:, 1:])
 
@@ -563,9 +585,12 @@ def end_epoch(run: Run, state: TrainState) -> bool:
 
 
 def stopped_early(state: TrainState, train: TrainConfig) -> bool:
-    """True once ``train.early_stopping`` epochs in a row brought no gain (a resumed run that had stopped early
-    trains no further)."""
-    return bool(train.early_stopping) and state.stale >= train.early_stopping
+    """True once ``train.early_stopping`` epochs in a row brought no gain, or after the switch to self-critical
+    training ``train.scst_patience`` (a resumed run that had stopped early trains no further)."""
+    patience = train.early_stopping
+    if state.scst_from is not None and train.scst_patience is not None:
+        patience = train.scst_patience
+    return bool(patience) and state.stale >= patience
 
 
 def prepare_feature_cache(config: Config, world: World) -> None:
@@ -613,6 +638,8 @@ def _train(config: Config, world: World, device: torch.device, *, resume: bool, 
     state = restore(run, checkpoint) if checkpoint else TrainState()
     if config.train.objective == "scst" and config.train.scst_after_epoch == 0:
         state.scst_from = 0     # self-critical from the first epoch (from train.init_from's weights)
+        if checkpoint is None and has_self_critical_optimizer(config, state):
+            self_critical_optimizer(run)
     run.precision = decide_precision(run, state)
     if config.train.compile:
         # after the precision probe, which times the eager step (compiled, its steps on one thread and both
