@@ -72,11 +72,8 @@ class CaptionDataset(Dataset):
         first = torch.from_numpy(self.record_captions[records.numpy()])
         counts = torch.from_numpy(self.record_captions[records.numpy() + 1]) - first
         picks = first + (torch.rand(len(records)) * counts).long().clamp(max=counts - 1)
-        captions = [self.tokens[self.offsets[k]:self.offsets[k + 1]] for k in picks.tolist()]
-        out = torch.zeros(len(captions), max(map(len, captions)), dtype=torch.long)
-        for row, caption in enumerate(captions):
-            out[row, :len(caption)] = torch.from_numpy(caption)
-        return out
+        return pad_captions([torch.from_numpy(self.tokens[self.offsets[k]:self.offsets[k + 1]]).long()
+                             for k in picks.tolist()])
 
     @property
     def visual_kind(self) -> str:
@@ -118,12 +115,17 @@ def collate(items: list[dict]) -> dict:
     if items:
         batch[items[0]["kind"]] = torch.stack([it["visual"] for it in items])
     if items and items[0]["caption"] is not None:
-        lengths = torch.tensor([len(it["caption"]) for it in items], dtype=torch.long)
-        captions = torch.zeros(len(items), int(lengths.max()), dtype=torch.long)
-        for row, it in enumerate(items):
-            captions[row, : len(it["caption"])] = it["caption"]
-        batch["captions"], batch["lengths"] = captions, lengths
+        batch["captions"] = pad_captions([it["caption"] for it in items])
+        batch["lengths"] = torch.tensor([len(it["caption"]) for it in items], dtype=torch.long)
     return batch
+
+
+def pad_captions(captions: list[torch.Tensor]) -> torch.Tensor:
+    """Token sequences of different lengths as one (B, T) long tensor padded with ``<pad>`` (index 0)."""
+    out = torch.zeros(len(captions), max(len(c) for c in captions), dtype=torch.long)
+    for row, caption in enumerate(captions):
+        out[row, :len(caption)] = caption
+    return out
 
 
 def visual_inputs(batch: dict, device: torch.device, channels_last: bool = False) -> dict[str, torch.Tensor]:
