@@ -185,3 +185,37 @@ def test_made_by_names_each_config_and_probe():
     assert list(made["settings"]) == ["demo_soft", "demo_hard model.lstm.hard_decode=sample"]
     assert made["settings"]["demo_hard model.lstm.hard_decode=sample"]["model.lstm.hard_decode"] == "sample"
     assert list(made["fingerprint"]) == ["text"]
+
+
+def load_script(name: str):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_cuda_check_and_its_rerun_gather_into_one_result_with_the_gpu_machines_block(tmp_path):
+    gather = load_script("cuda_check_result").gather
+    first, rerun = tmp_path / "first", tmp_path / "rerun"
+    first.mkdir(), rerun.mkdir()
+    gpu = {"cpu": "a GPU host", "gpu": ["a GPU"]}
+    (first / "steps.txt").write_text("bench_scaling: exit 0 in 20 s (limit 120 s)\n"
+                                     "train_fp32: exit 1 in 9 s (limit 90 s)\n")
+    (first / "scaling.json").write_text(json.dumps({"machine": gpu, "result": {"training_by_batch": {}}}))
+    (first / "train_fp32.log").write_text("a traceback\n")
+    (rerun / "steps.txt").write_text("bench_scaling: skipped (SKIP)\ntrain_fp32: exit 0 in 40 s (limit 90 s)\n")
+    (rerun / "train_fp32.log").write_text(
+        "INFO captioner.training.engine: precision: float32 (train.amp=false); compile: False\n"
+        "epoch 1/2: BLEU-4 0.400 ROUGE-L 0.600 CIDEr 1.782 | 13184 words/s (best)\n"
+        "epoch 2/2: BLEU-4 0.480 ROUGE-L 0.690 CIDEr 2.275 | 14357 words/s (best)\n")
+    payload, machine = gather([first, rerun])
+    assert machine == gpu
+    assert payload["steps"] == {"bench_scaling": {"exit": 0, "seconds": 20, "limit": 120},
+                                "train_fp32": {"exit": 0, "seconds": 40, "limit": 90}}
+    assert payload["training"]["train_fp32"] == {
+        "precision": "float32 (train.amp=false)", "compile": False,
+        "epochs": [{"epoch": 1, "CIDEr": 1.782, "words_per_s": 13184}, {"epoch": 2, "CIDEr": 2.275,
+                                                                        "words_per_s": 14357}]}
+    assert payload["benchmarks"] == {"scaling": {"training_by_batch": {}}}

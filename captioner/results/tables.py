@@ -256,8 +256,46 @@ def flickr8k_ensembles(result: dict) -> list[str]:
     return lines
 
 
+def cuda_check(result: dict) -> list[str]:
+    """``scripts/cuda_check.sh`` on a GPU machine: each step's exit status and time, with what it measured."""
+    training, bench = result["training"], result["benchmarks"]
+
+    def epochs(name: str) -> str:
+        run = training[name]
+        speeds = ", ".join(f"{e['words_per_s']:,}" for e in run["epochs"])
+        return (f"{run['precision']}, compile {run['compile']}: words/s by epoch {speeds}; "
+                f"val CIDEr {run['epochs'][-1]['CIDEr']:.3f}")
+
+    def ratios(size: str) -> str:
+        found = bench["lstm_decoder"]["training"][size]["ratio_to_tutorial"]
+        return ", ".join(f"{kind} {found[kind]['median']:.2f}x" for kind in ("fp32", "compiled", "bf16"))
+
+    measured = {name: epochs(name) for name in training}
+    if "lstm_decoder" in bench:
+        beam = bench["lstm_decoder"]["beam_images_per_s"]
+        measured["bench_decoder"] = (f"training words/s against the tutorial's step: D = 512 {ratios('D=512')}; "
+                                     f"D = 2048 {ratios('D=2048')}; beam 3 on 32 images {beam['k=3,batch=32']:,.0f} "
+                                     "images/s")
+    if "demo_soft" in result:
+        demo = result["demo_soft"]
+        measured["demo_soft"] = (f"test BLEU-4 {demo['BLEU-4']:.3f}, CIDEr {demo['CIDEr']:.3f}; {demo['epochs']} "
+                                 f"epochs in {demo['train_seconds']:.0f} s at {demo['words_per_s']:,} words/s")
+    for compiled, scores in result.get("decode_compile", {}).items():
+        measured[f"evaluate_decode_compile_{compiled}"] = (f"test BLEU-4 {scores['BLEU-4']:.3f}, CIDEr "
+                                                           f"{scores['CIDEr']:.3f} on {scores['images']} images")
+    if "scaling" in bench:
+        by_batch = bench["scaling"]["training_by_batch"]
+        measured["bench_scaling"] = "training words/s at B = 64: " + ", ".join(
+            f"{name.removesuffix(' B=64')} {value['words_per_s']:,.0f}" for name, value in by_batch.items()
+            if name.endswith("B=64"))
+    lines = header("step", "exit", "s (limit)", "measured")
+    for name, step in result["steps"].items():
+        lines.append(row(f"`{name}`", step["exit"], f"{step['seconds']} ({step['limit']})", measured.get(name, "–")))
+    return lines
+
+
 TABLES: dict[str, Callable[[dict], list[str]]] = {
     "demo": demo, "scaling": scaling, "scst": scst, "decode_beside_python": decode_beside_python,
     "flickr8k_full": flickr8k_full, "hard_attention_snr": hard_attention_snr, "hard_attention_runs": hard_attention_runs,
     "recipe_times": recipe_times, "flickr8k_ensembles": flickr8k_ensembles, "own_photos": own_photos,
-    "scst_diagnosis": scst_diagnosis, "scst_diagnosis_full": scst_diagnosis}
+    "scst_diagnosis": scst_diagnosis, "scst_diagnosis_full": scst_diagnosis, "cuda_check": cuda_check}
