@@ -83,7 +83,7 @@ class LSTMDecoderConfig:
         0.5, "hard training: a caption uses alpha instead of a sample (paper: 0.5)", minimum=0, maximum=1)
     expectation_draw: str = setting(
         "caption", "hard training: that choice drawn for each caption | batch: once per training step for all its "
-        "captions (the paper's code, capgen.py)", choices=("caption", "batch"))
+        "captions (the paper's code, capgen.py; under torchrun, once per process)", choices=("caption", "batch"))
     location_samples: int = setting(1, "hard training: location samples drawn per caption", minimum=1)
     posterior_dim: int = setting(
         256, "variational attention: size of each direction of the LSTM that reads the caption for the posterior",

@@ -120,10 +120,12 @@ class HardAttentionLoss(nn.Module):
 
     Rows in ``out.expectation_rows`` get the likelihood gradient alone; terms are per real word. ``r`` is
     ``log p(y|s,a)``, per caption or divided by its length (``hard_reward``), or each word's own ``log p(y_t|s,a)``
-    for its location ``s_t`` alone (``word``); ``b`` (``hard_baseline``) a moving average of the rewards, updated
-    in training mode, the mean reward of the caption's other samples (at the same word, for ``word``), or none. The
-    REINFORCE term is weighted by ``reinforce_scale``. ``label_smoothing`` mixes the uniform targets into the
-    likelihood term only (as :func:`caption_loss` does); the reward stays unsmoothed.
+    for its location ``s_t`` alone (``word``); ``b`` (``hard_baseline``) a moving average of the rewards, the mean
+    reward of the caption's other samples (at the same word, for ``word``), or none. The moving average is kept,
+    updated in training mode and reported as ``baseline`` under every choice (a running record of the reward), and
+    subtracted only under ``moving``. The REINFORCE term is weighted by ``reinforce_scale``. ``label_smoothing``
+    mixes the uniform targets into the likelihood term only (as :func:`caption_loss` does); the reward stays
+    unsmoothed.
     """
 
     def __init__(self, loss_config: LossConfig):
