@@ -24,6 +24,7 @@ attention score; a soft one is read as hard):
     python scripts/hard_attention_diagnosis.py snr runs/diag/word_moving/best.pt --draws 48 --save hard_attention_snr
     python scripts/hard_attention_diagnosis.py decode runs/flickr8k_full/hard_s0/best.pt --split val
     python scripts/hard_attention_diagnosis.py runs runs/diag/soft runs/diag/seq_moving ... --save hard_attention_runs
+    python scripts/hard_attention_diagnosis.py runs runs/diag55/marginal_k4 --save hard_attention_runs --merge
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from captioner.data.dataset import collate, make_dataset
 from captioner.data.readers import read_split
 from captioner.data.tokens import PAD_INDEX
 from captioner.objectives.losses import caption_baseline, caption_log_likelihood, location_reward, reinforce_term
-from captioner.results.record import write_result
+from captioner.results.record import RESULTS_DIR, machine_block, why_stale, write_result
 from captioner.workflows.evaluate import evaluate_checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,15 +60,18 @@ def trained(*configs: str) -> list[str]:
 
 
 def runs_made_by(rows: list[dict]) -> tuple[list[str], list[str]]:
-    """The configs and probes of a ``runs`` result: the soft control where a row is one, and each hard variant from
-    the changes its row records, decoded as the rows are (argmax and expectation)."""
+    """The configs and probes of a ``runs`` result: the soft control where a row is one, each hard variant from
+    the changes its row records, decoded as the rows are (argmax and expectation), and each variant of the soft
+    recipe (marginal, variational) with its own decoding."""
     soft = any(row["recipe"] == SOFT for row in rows)
     configs, probes = [SOFT, HARD] if soft else [HARD], ["text", "metrics", *(trained(SOFT) if soft else [])]
     for row in rows:
         changes = [c for c in row["changes"] if not c.startswith(LENGTH_AND_START)]
-        if row["recipe"] == HARD and changes:
-            configs.append(" ".join([HARD, *changes]))
+        if changes:
+            configs.append(" ".join([row["recipe"], *changes]))
             probes.append(f"train {configs[-1]}")
+            if row["recipe"] == SOFT:       # marginal and variational attention decode by their own rules
+                probes.append(f"decode {configs[-1]}")
     probes += [f"decode {HARD} model.lstm.hard_decode={decoding}" for decoding in ("argmax", "expectation")]
     return list(dict.fromkeys(configs)), list(dict.fromkeys(probes))
 
@@ -191,32 +195,46 @@ def scored_run(folder: Path) -> dict:
     """One finished run: what it changed against its recipe, its validation curve, and its best checkpoint on all
     validation photos and on coco-mini with each decoding that applies."""
     config = yaml.safe_load((folder / "config.yaml").read_text())
-    hard = config["model"]["lstm"]["attention_mode"] == "hard"
+    mode = config["model"]["lstm"]["attention_mode"]
+    hard = mode == "hard"
     recipe = HARD if hard else SOFT
     curve = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines() if '"val"' in line]
     row = {"run": folder.name, "recipe": recipe, "init_from": config["train"].get("init_from"),
            "changes": differences(config, load_config(recipes()[recipe]).to_dict()),
            "val_curve": [{"epoch": r["epoch"], "CIDEr": round(r["CIDEr"], 4)} for r in curve], "decoded": {}}
-    for mode in ("argmax", "expectation") if hard else ("soft",):
-        overrides = [f"model.lstm.hard_decode={mode}"] if hard else []
-        val = evaluate_checkpoint(folder / "best.pt", "val", out_dir=folder / f"val_{mode}", progress=False,
+    for decoding in ("argmax", "expectation") if hard else (mode,):
+        overrides = [f"model.lstm.hard_decode={decoding}"] if hard else []
+        val = evaluate_checkpoint(folder / "best.pt", "val", out_dir=folder / f"val_{decoding}", progress=False,
                                   overrides=overrides)
-        coco = evaluate_checkpoint(folder / "best.pt", "test", out_dir=folder / f"coco_mini_{mode}", progress=False,
-                                   overrides=[*overrides, *coco_mini_overrides(coco_mini_features(config["data"]["features"]))])
+        coco_mini = coco_mini_overrides(coco_mini_features(config["data"]["features"]))
+        coco = evaluate_checkpoint(folder / "best.pt", "test", out_dir=folder / f"coco_mini_{decoding}",
+                                   progress=False, overrides=[*overrides, *coco_mini])
         grounding = coco.get("grounding") or {}
-        row["decoded"][mode] = {
+        row["decoded"][decoding] = {
             "images": val["images"], **{k: round(val[k], 4) for k in ("BLEU-4", "METEOR", "CIDEr")},
             "distinct_captions": round(val["diversity"]["distinct_captions"], 4),
             "vocabulary_used": val["diversity"]["vocabulary_used"],
             "mean_entropy": round(val["attention"]["mean_entropy"], 3),
             **{k: round(grounding[k], 4) for k in ("pointing_accuracy", "uniform_pointing", "centre_pointing")},
             "grounded_words": grounding["words"]}
-        print(json.dumps({"run": folder.name, "decoding": mode, **row["decoded"][mode]}), flush=True)
+        print(json.dumps({"run": folder.name, "decoding": decoding, **row["decoded"][decoding]}), flush=True)
     return row
 
 
+def merged(record: dict, rows: list[dict]) -> list[dict]:
+    """The runs of a saved ``runs`` result (each with its machine block: its own, else the record's) followed by
+    ``rows``, which replace saved runs of the same name."""
+    named = {row["run"] for row in rows}
+    return [{"machine": record["machine"], **row} for row in record["result"]["runs"] if row["run"] not in named] + rows
+
+
 def runs(args) -> None:
-    rows = [scored_run(Path(folder)) for folder in args.folders]
+    rows = [{**scored_run(Path(folder)), "machine": machine_block()} for folder in args.folders]
+    if args.save and args.merge and (saved := RESULTS_DIR / f"{args.save}.json").exists():
+        record = json.loads(saved.read_text())
+        if reasons := why_stale(record):
+            raise SystemExit(f"{saved}: its runs were made otherwise, new ones cannot join them: {'; '.join(reasons)}")
+        rows = merged(record, rows)
     if args.save:
         configs, probes = runs_made_by(rows)
         write_result(args.save, {"runs": rows}, configs=configs, probes=probes)
@@ -241,6 +259,8 @@ def main() -> None:
     scored = commands.add_parser("runs", help="finished runs side by side, scored on val and coco-mini")
     scored.add_argument("folders", nargs="+", help="run folders (best.pt, config.yaml, metrics.jsonl)")
     scored.add_argument("--save", metavar="NAME", help="also write benchmarks/results/NAME.json")
+    scored.add_argument("--merge", action="store_true", help="keep the saved result's other runs (each with the "
+                        "machine it was measured on), where they are current; a run of the same name is replaced")
     args = parser.parse_args()
     {"snr": snr, "decode": decode, "runs": runs}[args.command](args)
 

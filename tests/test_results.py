@@ -219,3 +219,13 @@ def test_a_cuda_check_and_its_rerun_gather_into_one_result_with_the_gpu_machines
         "epochs": [{"epoch": 1, "CIDEr": 1.782, "words_per_s": 13184}, {"epoch": 2, "CIDEr": 2.275,
                                                                         "words_per_s": 14357}]}
     assert payload["benchmarks"] == {"scaling": {"training_by_batch": {}}}
+
+
+def test_runs_merged_into_a_saved_diagnosis_keep_its_others_with_their_machine(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    merged = load_script("hard_attention_diagnosis").merged
+    record = {"machine": {"date": "then"}, "result": {"runs": [{"run": "soft"}, {"run": "marginal", "old": True}]}}
+    rows = [{"run": "marginal", "machine": {"date": "now"}}, {"run": "variational", "machine": {"date": "now"}}]
+    assert merged(record, rows) == [{"run": "soft", "machine": {"date": "then"}}, *rows]
+    kept = {"machine": {"date": "then"}, "result": {"runs": [{"run": "soft", "machine": {"date": "first"}}]}}
+    assert merged(kept, [])[0]["machine"] == {"date": "first"}

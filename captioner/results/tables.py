@@ -152,13 +152,16 @@ def hard_attention_snr(result: dict) -> list[str]:
 def hard_attention_runs(result: dict) -> list[str]:
     """Hard-attention variants and their soft control at one budget (``scripts/hard_attention_diagnosis.py
     runs``): what each changed, validation CIDEr per epoch, and the best checkpoint on all validation photos and on
-    coco-mini with each decoding (a row each; the run's own cells on its first)."""
+    coco-mini with each decoding (a row each; the run's own cells on its first), with the date of a row that
+    joined the result later (``--merge``)."""
     lines = header("run", "differs from the shipped recipe", "val CIDEr by epoch (subset)", "decoding", "BLEU-4",
                    "METEOR", "CIDEr", "distinct", "words used", "entropy", "coco-mini pointing (uniform, centre)")
     for run in result["runs"]:
         changes = ", ".join(f"`{c}`" for c in run["changes"] if not c.startswith(("train.epochs", "train.val_max_images")))
         for first, (mode, scored) in zip((True, False, False), run["decoded"].items()):
-            named = (f"`{run['run']}`", changes or "–", ", ".join(number(point["CIDEr"]) for point in run["val_curve"]))
+            measured = f" ({run['machine']['date'][:10]})" if "machine" in run else ""     # rows merged later
+            named = (f"`{run['run']}`{measured}", changes or "–",
+                     ", ".join(number(point["CIDEr"]) for point in run["val_curve"]))
             lines.append(row(*(named if first else ("", "", "")), mode,
                              number(scored["BLEU-4"]), number(scored["METEOR"]), number(scored["CIDEr"]),
                              number(scored["distinct_captions"], 2), scored["vocabulary_used"],
