@@ -4,6 +4,7 @@ gradients, the feature cache, and the CLI around them."""
 import dataclasses
 import io
 import json
+import logging
 import os
 import re
 import shutil
@@ -143,6 +144,20 @@ def test_resuming_a_run_that_stopped_early_trains_no_further(tiny_coco, tmp_path
     assert result["epochs"] == 2
     resumed = train(config, resume=True)
     assert (resumed["epochs"], resumed["step"]) == (result["epochs"], result["step"])
+
+
+def test_resume_names_each_setting_that_differs_from_the_runs(tiny_coco, tmp_path, caplog):
+    train(tiny_config(tiny_coco, tmp_path / "run", train={"epochs": 1}))
+    with caplog.at_level(logging.WARNING, logger="captioner.training.engine"):
+        train(tiny_config(tiny_coco, tmp_path / "run", train={"epochs": 2}, loss={"label_smoothing": 0.1}),
+              resume=True)
+    warned = [r.getMessage() for r in caplog.records if "differ from the run's" in r.getMessage()]
+    assert len(warned) == 1 and "train.epochs 1 -> 2" in warned[0] and "loss.label_smoothing 0.0 -> 0.1" in warned[0]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="captioner.training.engine"):
+        train(tiny_config(tiny_coco, tmp_path / "run", train={"epochs": 2}, loss={"label_smoothing": 0.1}),
+              resume=True)
+    assert not [r for r in caplog.records if "differ from the run's" in r.getMessage()]
 
 
 def test_resume_refuses_another_architecture(tiny_coco, tmp_path):

@@ -168,14 +168,29 @@ def _differences(saved: dict, config: dict, prefix: str) -> list[str]:
 
 
 def resumable_checkpoint(config: Config, path: Path) -> dict:
-    """``path``'s checkpoint, after checking that it trains the same model on the same encoder."""
+    """``path``'s checkpoint, after checking that it trains the same model on the same encoder. Other settings
+    may change (``train.epochs`` to train on, say): each one that differs from the run's is logged, with both values,
+    since the resumed run trains by the config given, not by the one it started with."""
     checkpoint = load_checkpoint(path)
     saved, current = complete(checkpoint["config"]).to_dict(), config.to_dict()
     for section in ("model", "encoder"):
         changed = _differences(saved[section], current[section], f"{section}.")
         if changed:
             raise CaptionerError(f"{path}: cannot resume with a different {section} section (changed: {', '.join(changed)})")
+    changed = [name for section in sorted(set(saved) - {"model", "encoder"})
+               for name in _differences(saved.get(section) or {}, current.get(section) or {}, f"{section}.")
+               if name != "run.out"]
+    if changed:
+        log.warning("resuming %s with settings that differ from the run's: %s", path, ", ".join(
+            f"{name} {_setting(saved, name)!r} -> {_setting(current, name)!r}" for name in changed))
     return checkpoint
+
+
+def _setting(config: dict, name: str):
+    """The value of ``section.key[.key]`` in a config dict (None where absent)."""
+    for key in name.split("."):
+        config = config.get(key) if isinstance(config, dict) else None
+    return config
 
 
 def rank_batch_size(config: Config, world: World, objective: str = "xe") -> int:
