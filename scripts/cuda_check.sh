@@ -6,7 +6,7 @@
 # in the order of what they prove, and those that no longer fit are skipped with a line. Logs and JSON go to $OUT
 # (default runs/cuda_check); steps.txt there lists each step's exit status and seconds. SKIP names steps to leave out
 # (a rerun after a partial check). scripts/cuda_check_result.py gathers the folder (or a check's and its rerun's)
-# into benchmarks/results/cuda_check.json, which docs/guides/gpus.md renders.
+# into benchmarks/results/cuda_check.json, which docs/results.md renders.
 #
 #     scripts/cuda_check.sh [BUDGET_SECONDS]          # PY=python3 to use another interpreter than .venv's
 #     SKIP="demo_fast bench_decoder" scripts/cuda_check.sh 500

@@ -1,5 +1,5 @@
 """Gather what ``scripts/cuda_check.sh`` left in its output folders into the result ``cuda_check``
-(``benchmarks/results/cuda_check.json``), which the GPU guide renders.
+(``benchmarks/results/cuda_check.json``), which the results page renders.
 
 A check's folder holds ``steps.txt``, one log per step and the benchmark JSON it wrote on the GPU machine; that
 JSON's machine block (GPU, CPU, torch, commit) becomes the result's. Given several folders (a rerun with ``SKIP``

@@ -158,8 +158,8 @@ def hard_attention_runs(result: dict) -> list[str]:
                    "METEOR", "CIDEr", "distinct", "words used", "entropy", "coco-mini pointing (uniform, centre)")
     for run in result["runs"]:
         changes = ", ".join(f"`{c}`" for c in run["changes"] if not c.startswith(("train.epochs", "train.val_max_images")))
+        measured = f" ({run['machine']['date'][:10]})" if "machine" in run else ""     # rows merged later
         for first, (mode, scored) in zip((True, False, False), run["decoded"].items()):
-            measured = f" ({run['machine']['date'][:10]})" if "machine" in run else ""     # rows merged later
             named = (f"`{run['run']}`{measured}", changes or "–",
                      ", ".join(number(point["CIDEr"]) for point in run["val_curve"]))
             lines.append(row(*(named if first else ("", "", "")), mode,

@@ -177,9 +177,8 @@ def resumable_checkpoint(config: Config, path: Path) -> dict:
         changed = _differences(saved[section], current[section], f"{section}.")
         if changed:
             raise CaptionerError(f"{path}: cannot resume with a different {section} section (changed: {', '.join(changed)})")
-    changed = [name for section in sorted(set(saved) - {"model", "encoder"})
-               for name in _differences(saved.get(section) or {}, current.get(section) or {}, f"{section}.")
-               if name != "run.out"]
+    changed = [name for name in _differences(saved, current, "")
+               if not name.startswith(("model.", "encoder.")) and name != "run.out"]
     if changed:
         log.warning("resuming %s with settings that differ from the run's: %s", path, ", ".join(
             f"{name} {_setting(saved, name)!r} -> {_setting(current, name)!r}" for name in changed))
