@@ -90,7 +90,7 @@ def recipes_table() -> str:
     lines = ["| recipe | what it trains | model | epochs | `train.amp` |", "|---|---|---|---|---|"]
     for name, path in recipes().items():
         config = load_config(path)
-        if config.train.objective == "scst":     # model and encoder: those of the checkpoint it starts from
+        if config.train.objective == "scst" and not config.train.scst_after_epoch:   # no cross-entropy stage of its own
             model = "the checkpoint it starts from (`train.init_from`)"
         elif config.model.decoder == "lstm":
             lstm = config.model.lstm

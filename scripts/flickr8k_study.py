@@ -1,9 +1,11 @@
 """The paper's own benchmark: soft against hard against no attention (and the Transformer) on the full Flickr8k
 (6,000 training and 1,000 validation photos of ``data/flickr8k``, the recipes' own data, which ``captioner data
-flickr8k --root data/flickr8k`` makes; VGG-19 conv5_4 features, 14 x 14 x 512), beside Xu et al. (2015), Table 1.
+flickr8k --root data/flickr8k`` makes; VGG-19 conv5_4 features, 14 x 14 x 512, but where a recipe names another
+encoder), beside Xu et al. (2015), Table 1.
 
 Each run trains a shipped recipe (``flickr8k_full_soft``, ``flickr8k_full_hard``, ``flickr8k_full_transformer``, and
-the two that go on with self-critical training, ``flickr8k_full_soft_scst`` and ``flickr8k_full_transformer_scst``),
+the two that go on with self-critical training, ``flickr8k_full_soft_scst`` and ``flickr8k_full_transformer_scst``,
+and ``flickr8k_full_soft_scst_lite2``, the first with EfficientNet-Lite2 features),
 or its no-attention ablation, with one seed; scores its best checkpoint (and an SCST run's cross-entropy start,
 ``cross_entropy.pt``, the same way) on all 1,000 validation photos (beam and
 decoding of the recipe): BLEU-1..4, METEOR, ROUGE-L, CIDEr, the words used, distinct captions, repeated bigrams,
@@ -44,7 +46,8 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = "flickr8k_full"
 RUNS = ROOT / "runs" / "flickr8k_full"
 KINDS = {"soft": "flickr8k_full_soft", "hard": "flickr8k_full_hard", "transformer": "flickr8k_full_transformer",
-         "soft_scst": "flickr8k_full_soft_scst", "transformer_scst": "flickr8k_full_transformer_scst"}
+         "soft_scst": "flickr8k_full_soft_scst", "transformer_scst": "flickr8k_full_transformer_scst",
+         "soft_scst_lite2": "flickr8k_full_soft_scst_lite2"}
 # the no-attention ablation of each recipe: the context is the mean of the regions at every word
 ABLATION = {"soft": ["model.lstm.attention=none", "model.lstm.attention_mode=soft"],
             "hard": ["model.lstm.attention=none", "model.lstm.attention_mode=soft"],

@@ -83,3 +83,27 @@ def test_full_recipe_and_its_no_attention_ablation_resolve(recipe):
     ablation = load_config(recipes()[recipe], ABLATIONS[recipe])
     assert (ablation.model.lstm.attention == "none" if ablation.model.decoder == "lstm"
             else ablation.model.transformer.memory == "mean")
+
+
+def test_lite2_scst_recipe_is_the_soft_scst_recipe_with_another_encoder():
+    lite2 = load_config(recipes()["flickr8k_full_soft_scst_lite2"])
+    vgg = load_config(recipes()["flickr8k_full_soft_scst"])
+    assert lite2.encoder.name == "efficientnet_lite2" and lite2.data.features != vgg.data.features
+    assert lite2.run.out != vgg.run.out
+    for section in ("model", "loss", "train", "decode"):
+        assert getattr(lite2, section) == getattr(vgg, section), section
+    assert dataclasses.replace(lite2.data, features=vgg.data.features) == vgg.data
+
+
+def test_lite2_scst_recipe_caches_its_encoders_regions_then_trains_both_stages(handful, tmp_path):
+    overrides, _, photos = handful
+    overrides = [o for o in overrides if not o.startswith("data.features=")]
+    config = load_config(recipes()["flickr8k_full_soft_scst_lite2"], [
+        *overrides, f"data.features={tmp_path / 'features'}", f"run.out={tmp_path / 'run'}", "train.epochs=2",
+        "train.scst_after_epoch=1", "train.batch_size=10", "train.scst_batch_size=3", "train.val_max_images=3"])
+    result = train(config, progress=False)          # caches the Lite2 regions of the 9 photos first
+    meta = json.loads((tmp_path / "features" / "meta.json").read_text())
+    assert meta["grid"] == [10, 10] and meta["feature_dim"] == 1280 and meta["encoder"]["name"] == "efficientnet_lite2"
+    assert result["step"] == 3 + 2 and result["epochs"] == 2
+    captions = Predictor.load(result["checkpoint"]).caption(photos)      # from the photos, through Lite2 at 320 px
+    assert all(c.error is None and c.caption for c in captions)
