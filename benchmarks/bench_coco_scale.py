@@ -205,7 +205,7 @@ def make_captions(layout: dict, indices: np.ndarray, per_image: np.ndarray, seed
     choice = rng.integers(0, 1 << 30, size=(total, 4)).tolist()
     out, c = [], 0
     for k, count in zip(indices.tolist(), per_image.tolist()):
-        (o1, o2), (q1, q2), two = layout["objects"][k].tolist(), layout["quadrants"][k].tolist(), bool(layout["two"][k])
+        (o1, o2), (q1, _), two = layout["objects"][k].tolist(), layout["quadrants"][k].tolist(), bool(layout["two"][k])
         captions = []
         for _ in range(count):
             a, b, d, e = choice[c]
