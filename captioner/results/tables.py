@@ -171,6 +171,20 @@ def hard_attention_runs(result: dict) -> list[str]:
     return lines
 
 
+def marginal_attention(result: dict) -> list[str]:
+    """Marginal attention's cost beside soft attention's (``benchmarks/bench_marginal.py``): per variant, training
+    words/s and beam-search images/s, each with its ratio to soft (median over the rounds, their min-max)."""
+    lines = header("variant", "training words/s", "ratio to soft (min-max)", "decoding images/s",
+                   "ratio to soft (min-max)")
+    for name, variant in result["variants"].items():
+        cells = []
+        for part, unit in (("training", "words_per_s"), ("decoding", "images_per_s")):
+            measured = variant[part]
+            low, high = measured["ratio_min_max"]
+            cells += [f"{measured[unit]:,.1f}", f"{measured['ratio_to_soft']:.3f} ({low:.3f}-{high:.3f})"]
+        lines.append(row(name, *cells))
+    return lines
+
 def recipe_times(result: dict) -> list[str]:
     """Each shipped Flickr8k recipe's wall time end to end (``scripts/recipe_time.py``), alone on its machine: training
     with its validations, then scoring the best checkpoint on every validation photo."""
@@ -301,4 +315,5 @@ TABLES: dict[str, Callable[[dict], list[str]]] = {
     "demo": demo, "scaling": scaling, "scst": scst, "decode_beside_python": decode_beside_python,
     "flickr8k_full": flickr8k_full, "hard_attention_snr": hard_attention_snr, "hard_attention_runs": hard_attention_runs,
     "recipe_times": recipe_times, "flickr8k_ensembles": flickr8k_ensembles, "own_photos": own_photos,
-    "scst_diagnosis": scst_diagnosis, "scst_diagnosis_full": scst_diagnosis, "cuda_check": cuda_check}
+    "scst_diagnosis": scst_diagnosis, "scst_diagnosis_full": scst_diagnosis, "cuda_check": cuda_check,
+    "marginal_attention": marginal_attention}
