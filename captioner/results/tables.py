@@ -185,6 +185,7 @@ def marginal_attention(result: dict) -> list[str]:
         lines.append(row(name, *cells))
     return lines
 
+
 def recipe_times(result: dict) -> list[str]:
     """Each shipped Flickr8k recipe's wall time end to end (``scripts/recipe_time.py``), alone on its machine: training
     with its validations, then scoring the best checkpoint on every validation photo."""
