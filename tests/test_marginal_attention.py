@@ -21,7 +21,8 @@ RULES = TokenRules(START, END)
 def brute_force_log_likelihood(decoder, features, captions):
     """log p(y_t) of each real word (B, T), region by region in Python from the decoder's own layers: the soft
     recurrence gives h_t, alpha_t and beta_t; each region's eq. 7 distribution is weighted by alpha_t (over the
-    ``marginal_regions`` regions of highest alpha, renormalised, if set)."""
+    ``marginal_regions`` regions of highest alpha, if set: renormalised, or with the other regions' soft context as
+    one more component at the rest of alpha's mass)."""
     regions = decoder.prepare_regions(features)
     keys = decoder.attention.project_regions(regions)
     h, c = decoder.initial_hidden(regions)
@@ -36,16 +37,25 @@ def brute_force_log_likelihood(decoder, features, captions):
         h, c = decoder.lstm_pointwise(gates, c)
         for b in range(captions.shape[0]):
             weights, index = alpha[b].topk(k)
-            weights = weights / weights.sum()
-            deep = [torch.tanh(embedded[b] + decoder.out_hidden(h[b]) + decoder.out_context(beta[b] * regions[b, i]))
-                    for i in index.tolist()]
+            contexts = [regions[b, i] for i in index.tolist()]
+            if decoder.config.marginal_rest == "soft" and k < regions.shape[1]:
+                others = [i for i in range(regions.shape[1]) if i not in index.tolist()]
+                rest = alpha[b, others].sum()
+                contexts.append(sum(alpha[b, i] * regions[b, i] for i in others) / rest)
+                weights = torch.cat([weights, rest[None]])
+            else:
+                weights = weights / weights.sum()
+            deep = [torch.tanh(embedded[b] + decoder.out_hidden(h[b]) + decoder.out_context(beta[b] * context))
+                    for context in contexts]
             p = sum(w * torch.softmax(decoder.out_words(d), -1) for w, d in zip(weights, deep))
             out[b, t] = p[captions[b, t + 1]].log()
     return out
 
 
 @pytest.mark.parametrize("options", [{}, {"gate": "vector"}, {"gate": "none", "marginal_regions": 5},
-                                     {"marginal_regions": 12}])
+                                     {"marginal_regions": 12},
+                                     {"gate": "vector", "marginal_regions": 4, "marginal_rest": "soft"},
+                                     {"marginal_regions": 11, "marginal_rest": "soft"}])
 def test_the_marginal_likelihood_is_the_sum_over_regions_by_brute_force(options):
     decoder = make_decoder(attention_mode="marginal", region_norm="layer", **options).eval()
     features, captions = torch.randn(3, 12, 16), captions_batch()
@@ -56,8 +66,8 @@ def test_the_marginal_likelihood_is_the_sum_over_regions_by_brute_force(options)
     log_probs = padded_logits(out, real).log_softmax(-1).gather(2, captions[:, 1:, None]).squeeze(2)
     torch.testing.assert_close(log_probs[real], expected[real], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(out.logits.logsumexp(-1), torch.zeros(int(real.sum())), atol=1e-5, rtol=0)  # sums to 1
-    # all the regions is the exact marginal; fewer is another model, not a rounding of it
-    if options.get("marginal_regions") == 12:
+    # all the regions, or all but one with the rest's soft context, is the exact marginal; fewer is another model
+    if options.get("marginal_regions") in (11, 12):
         decoder.config.marginal_regions = 0
         with torch.no_grad():
             torch.testing.assert_close(decoder(features, captions).logits, out.logits)
@@ -74,7 +84,8 @@ def test_the_mixture_is_no_soft_attention_and_fewer_regions_change_it():
     assert (a - b).abs().max() > 1e-3 and (b - c).abs().max() > 1e-3
 
 
-@pytest.mark.parametrize("options", [{}, {"gate": "vector", "marginal_regions": 4}])
+@pytest.mark.parametrize("options", [{}, {"gate": "vector", "marginal_regions": 4},
+                                     {"marginal_regions": 4, "marginal_rest": "soft"}])
 def test_teacher_forcing_pieces_and_decode_steps_give_the_same_loss_and_gradients(options, monkeypatch):
     """The packed teacher forcing, in one piece or in pieces recomputed in the backward pass, against the
     decode-step interface word by word under plain autograd."""
@@ -93,6 +104,21 @@ def test_teacher_forcing_pieces_and_decode_steps_give_the_same_loss_and_gradient
         assert other.keys() == grads.keys()
         for name in grads:
             torch.testing.assert_close(other[name], grads[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("rest", ["renormalise", "soft"])
+def test_only_the_soft_rest_asks_alpha_to_move_mass_onto_the_chosen_regions(rest):
+    """d log p(y) / d delta, where delta raises the scores of the top-k regions together: zero when alpha is
+    renormalised over them (the likelihood cannot see that mass), non-zero with the other regions' soft context."""
+    decoder = make_decoder(attention_mode="marginal", marginal_regions=3, marginal_rest=rest, gate="none").eval()
+    regions, scores = torch.randn(2, 12, 16), torch.randn(2, 12)
+    top = torch.zeros(2, 12).scatter(1, scores.topk(3, dim=1).indices, 1.0)
+    delta = torch.zeros((), requires_grad=True)
+    alpha = torch.softmax(scores + delta * top, dim=1)
+    base = decoder.embedding(torch.tensor([5, 6])) + decoder.out_hidden(torch.randn(2, 14))
+    log_p = decoder._mixture(regions, base, torch.ones_like(base), torch.arange(2), alpha, None)
+    (grad,) = torch.autograd.grad(log_p[:, 7].sum(), delta)
+    assert grad.abs() > 1e-4 if rest == "soft" else grad.abs() < 1e-6
 
 
 def test_dropout_keeps_one_mask_per_word_for_all_its_regions():
@@ -157,7 +183,8 @@ def test_a_marginal_model_exports_to_onnx_and_captions_as_its_checkpoint(tiny_co
     from tests.conftest import tiny_config
 
     run = train(tiny_config(tiny_coco, tmp_path / "marginal", train={"epochs": 1},
-                            model={"lstm": {"attention_mode": "marginal", "marginal_regions": 3}}))
+                            model={"lstm": {"attention_mode": "marginal", "marginal_regions": 3,
+                                            "marginal_rest": "soft"}}))
     assert main(["export", "--checkpoint", run["checkpoint"], "--out", str(tmp_path / "export"), "--onnx"]) == 0
     images = sorted((tiny_coco / "images" / "test").glob("*.png"))[:4]
     expected = Predictor.load(run["checkpoint"], beam=3).caption(images)

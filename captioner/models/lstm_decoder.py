@@ -20,8 +20,13 @@ z_t, and the word distribution is the mixture over regions of eq. 7 with z_t = b
 
     p(y_t | a, y_1^{t-1}) = sum_i alpha_ti p(y_t | a_i, h_t, y_{t-1})
 
-so the likelihood needs no estimator; over the ``marginal_regions`` regions of highest alpha_t only, if set (alpha_t
-renormalised over them), which bounds the output layer's cost at that many evaluations per word.
+so the likelihood needs no estimator; over the ``marginal_regions`` regions of highest alpha_t only, if set, which
+bounds the output layer's cost at that many evaluations per word: alpha_t renormalised over them, or, with
+``marginal_rest: soft``, one more component, the soft context of the other regions at the rest of alpha_t's mass,
+
+    p(y_t) = sum_{i in top k} alpha_ti p(y_t | a_i) + r_t p(y_t | sum_{i not in top k} alpha_ti a_i / r_t)
+
+with r_t = sum_{i not in top k} alpha_ti, so that moving mass onto a region that predicts the word pays.
 
 Variational attention (Deng et al. 2018) keeps the latent region and trains it by REINFORCE with a better proposal:
 a posterior q_t over the regions, scored from h_{t-1} and a bidirectional LSTM's reading of the whole caption at
@@ -90,7 +95,12 @@ class LSTMDecoderConfig:
         minimum=1)
     marginal_regions: int = setting(
         0, "marginal attention: the regions in each word's mixture, those of highest alpha (alpha renormalised over "
-        "them); 0: all L, the exact marginal likelihood", minimum=0)
+        "them, or see marginal_rest); 0: all L, the exact marginal likelihood", minimum=0)
+    marginal_rest: str = setting(
+        "renormalise", "marginal attention over marginal_regions regions: renormalise (alpha renormalised over them, "
+        "so the likelihood cannot ask alpha to move mass onto them) | soft (one more component: the rest of alpha's "
+        "mass on the soft context of the other regions; exact when one region is left)",
+        choices=("renormalise", "soft"))
 
     @property
     def samples_locations(self) -> bool:
@@ -245,7 +255,8 @@ class LSTMDecoder(nn.Module):
         keep = self.dropout(torch.ones_like(base))
         if torch.compiler.is_compiling():
             return self._mixture(regions, base, keep, images, alpha, gate)
-        regions_per_row = min(self.config.marginal_regions or alpha.shape[1], alpha.shape[1])
+        k = self.config.marginal_regions
+        regions_per_row = k + (self.config.marginal_rest == "soft") if 0 < k < alpha.shape[1] else alpha.shape[1]
         rows = max(1, MIXTURE_CHUNK // (regions_per_row * self.config.vocab_size))
         pieces = []
         for start in range(0, base.shape[0], rows):
@@ -262,10 +273,17 @@ class LSTMDecoder(nn.Module):
         """One piece of :meth:`mixture_log_probs`."""
         alpha = alpha.float()                # top-k and its renormalisation in float32, whatever autocast gives
         k = self.config.marginal_regions
-        if 0 < k < alpha.shape[1]:           # the k regions of highest alpha, alpha renormalised over them
+        if 0 < k < alpha.shape[1]:           # the k regions of highest alpha
             weights, index = alpha.topk(k, dim=1)
-            weights = weights / weights.sum(dim=1, keepdim=True)
             chosen = regions[images.unsqueeze(1), index]                      # (n, k, D')
+            if self.config.marginal_rest == "soft":     # + the others' soft context, at the rest of alpha's mass
+                others = alpha.scatter(1, index, 0.0)                          # (n, L)
+                rest = others.sum(dim=1, keepdim=True)                         # (n, 1)
+                context = torch.bmm((others / rest.clamp_min(1e-12)).to(regions.dtype).unsqueeze(1),
+                                    regions.index_select(0, images))           # (n, 1, D')
+                weights, chosen = torch.cat([weights, rest], dim=1), torch.cat([chosen, context], dim=1)
+            else:                                                             # alpha renormalised over them
+                weights = weights / weights.sum(dim=1, keepdim=True)
         else:
             weights, chosen = alpha, regions.index_select(0, images)           # (n, L, D')
         if gate is not None:
