@@ -16,7 +16,7 @@ import argparse
 import json
 from pathlib import Path
 
-from flickr8k_study import CONFIGS, KINDS, METRICS, PROBES, RESULTS, RUNS
+from flickr8k_study import KINDS, METRICS, RESULTS, RUNS, made_by
 
 from captioner.results.record import RESULTS_DIR, add_entry, load_results
 
@@ -48,8 +48,12 @@ def main() -> None:
     args = parser.parse_args()
     entry = score(args.members)
     print(json.dumps(entry, indent=1))
-    add_entry(ENSEMBLES, "ensembles", "+".join(args.members), entry, configs=CONFIGS,
-              probes=[*PROBES, f"ensemble {' '.join(KINDS.values())}"])
+    study = load_results()[RESULTS]["result"]["runs"]
+    made = [made_by(study[m]["kind"], study[m]["ablation"]) for m in args.members]     # what made each member
+    recipes = dict.fromkeys(KINDS[study[m]["kind"]] for m in args.members)
+    add_entry(ENSEMBLES, "ensembles", "+".join(args.members), entry,
+              configs=list(dict.fromkeys(config for config, _ in made)),
+              probes=[*dict.fromkeys(probe for _, probes in made for probe in probes), f"ensemble {' '.join(recipes)}"])
 
 
 if __name__ == "__main__":

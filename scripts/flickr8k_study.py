@@ -52,11 +52,13 @@ KINDS = {"soft": "flickr8k_full_soft", "hard": "flickr8k_full_hard", "transforme
 ABLATION = {"soft": ["model.lstm.attention=none", "model.lstm.attention_mode=soft"],
             "hard": ["model.lstm.attention=none", "model.lstm.attention_mode=soft"],
             "transformer": ["model.transformer.memory=mean"]}
-# what made the study's numbers: each recipe and its ablation, and the probes of the code they run
-CONFIGS = [*KINDS.values(), *(" ".join([KINDS[kind], *overrides]) for kind, overrides in ABLATION.items())]
-PROBES = ["text", "metrics", f"data {KINDS['soft']}", *(f"{probe} {config}" for config in CONFIGS
-                                                        for probe in ("train", "decode"))]
 METRICS = ("BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "METEOR", "ROUGE-L", "CIDEr")
+
+
+def made_by(kind: str, ablation: bool) -> tuple[str, list[str]]:
+    """What made a run's numbers: its config (the recipe, or its ablation) and the probes of the code it runs."""
+    config = " ".join([KINDS[kind], *(ABLATION[kind] if ablation else [])])
+    return config, ["text", "metrics", f"data {KINDS['soft']}", f"train {config}", f"decode {config}"]
 
 
 def ensure_features(recipe: Path, features: str, overrides: list[str], splits: list[str]) -> None:
@@ -124,7 +126,8 @@ def run(kind: str, seed: int, ablation: bool, extra: list[str], resume: bool = F
         print(json.dumps(result, indent=1))
     else:
         # beside the runs saved before (its table: results.tables); runs made otherwise refuse it: --restart
-        add_entry(RESULTS, "runs", name, result, configs=CONFIGS, probes=PROBES, keep_stale=True)
+        config, probes = made_by(kind, ablation)
+        add_entry(RESULTS, "runs", name, result, configs=[config], probes=probes, keep_stale=True)
     return result
 
 

@@ -29,8 +29,6 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = "recipe_times"
 RUNS = ROOT / "runs" / "recipe_times"
 RECIPES = sorted(n for n in recipes() if n.startswith("flickr8k_full_"))
-# what a time depends on: the recipes' settings, and the code each recipe trains and decodes with
-PROBES = [f"{probe} {recipe}" for recipe in RECIPES for probe in ("train", "decode")]
 
 
 def device_name() -> str:
@@ -74,8 +72,8 @@ def main() -> None:
     entry = time_recipe(args.recipe, args.overrides)
     print(entry)
     if not args.overrides:      # beside the entries of the other recipes and devices (its table: results.tables)
-        add_entry(RESULTS, "entries", f"{entry['recipe']} on {entry['device']}", entry, configs=RECIPES,
-                  probes=PROBES)
+        add_entry(RESULTS, "entries", f"{entry['recipe']} on {entry['device']}", entry, configs=[args.recipe],
+                  probes=[f"{probe} {args.recipe}" for probe in ("train", "decode")])
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from captioner.errors import CaptionerError
 from captioner.results import fingerprint
 from captioner.results.record import add_entry, load_results, made_by, result_settings, save, why_stale, write_result
 from captioner.results.render import TABLE, pages, render_page, stale_results, table_differences
@@ -178,6 +179,37 @@ def test_an_entry_made_otherwise_is_dropped_with_why(tmp_path, capsys):
     add_entry("timed", "entries", "a", {"seconds": 1.0}, configs=["demo_soft"], probes=["text"], results_dir=tmp_path)
     assert list(json.loads((tmp_path / "timed.json").read_text())["result"]["entries"]) == ["a"]
     assert "dropping b: config 'demo_soft train.lr=0.1': train.lr 0.2 -> 0.1" in capsys.readouterr().err
+
+
+def test_a_changed_config_drops_only_the_entries_it_made(tmp_path, capsys):
+    add_entry("timed", "entries", "a", {"seconds": 1.0}, configs=["demo_soft"], probes=["text"], results_dir=tmp_path)
+    add_entry("timed", "entries", "b", {"seconds": 2.0}, configs=["demo_hard"], probes=["text", "metrics"],
+              results_dir=tmp_path)
+    record = json.loads((tmp_path / "timed.json").read_text())
+    assert list(record["settings"]) == ["demo_soft", "demo_hard"] and list(record["fingerprint"]) == ["text", "metrics"]
+    assert record["result"]["entries"]["a"]["made_by"] == {"configs": ["demo_soft"], "probes": ["text"]}
+    record["settings"]["demo_hard"]["train.lr"] = 0.5
+    save(record, tmp_path)
+    with pytest.raises(CaptionerError, match="b were made otherwise: config 'demo_hard': train.lr 0.5"):
+        add_entry("timed", "entries", "c", {"seconds": 3.0}, configs=["demo_soft"], probes=["text"],
+                  keep_stale=True, results_dir=tmp_path)
+    add_entry("timed", "entries", "c", {"seconds": 3.0}, configs=["demo_soft"], probes=["text"], results_dir=tmp_path)
+    record = json.loads((tmp_path / "timed.json").read_text())
+    assert list(record["result"]["entries"]) == ["a", "c"]
+    assert "dropping b: config 'demo_hard'" in capsys.readouterr().err
+    assert list(record["settings"]) == ["demo_soft"] and list(record["fingerprint"]) == ["text"]   # what made a and c
+    assert why_stale(record) == []
+
+
+def test_an_entry_saved_without_its_makers_was_made_by_all_its_results(tmp_path):
+    add_entry("timed", "entries", "a", {"seconds": 1.0}, configs=["demo_soft", "demo_hard"], probes=["text"],
+              results_dir=tmp_path)
+    record = json.loads((tmp_path / "timed.json").read_text())
+    del record["result"]["entries"]["a"]["made_by"]
+    save(record, tmp_path)
+    add_entry("timed", "entries", "b", {"seconds": 2.0}, configs=["demo_soft"], probes=["text"], results_dir=tmp_path)
+    entries = json.loads((tmp_path / "timed.json").read_text())["result"]["entries"]
+    assert entries["a"]["made_by"] == {"configs": ["demo_soft", "demo_hard"], "probes": ["text"]}
 
 
 def test_made_by_names_each_config_and_probe():

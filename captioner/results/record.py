@@ -10,7 +10,9 @@ its numbers:
 
 :func:`why_stale` holds both against the code as it is: a setting whose value changed, and a probe whose numbers
 changed, make the result stale, each named; moving code, a docstring or a recipe's comments and paths do not.
-``scripts/render_results.py`` renders each result into its table and fails on a stale one.
+``scripts/render_results.py`` renders each result into its table and fails on a stale one. A result made of
+entries (runs of a study, recipes timed, added one by one by :func:`add_entry`) records with each entry which of
+its configs and probes made it, so that changing one recipe drops only the entries that recipe made.
 """
 
 from __future__ import annotations
@@ -148,23 +150,38 @@ def dumps(record: dict) -> str:
 
 def add_entry(name: str, section: str, key: str, entry: dict, *, configs: Sequence[ConfigRef | str],
               probes: Sequence[str], keep_stale: bool = False, results_dir: Path = RESULTS_DIR) -> Path:
-    """Add ``entry``, with this machine's block, as ``key`` of the ``section`` mapping of the result ``name``, beside
-    the entries measured before (each keeps its own machine block); returns the result's path. Entries made with
-    other settings or another behaviour of the code cannot sit beside it: they are dropped, and stderr says why, or
-    with ``keep_stale`` nothing is written and a :class:`~captioner.errors.CaptionerError` says why."""
+    """Add ``entry``, with this machine's block and what made it (``made_by``: the keys of ``configs`` and the
+    ``probes``), as ``key`` of the ``section`` mapping of the result ``name``, beside the entries measured before
+    (each keeps its own machine block and ``made_by``; one saved without it was made by all its result's configs
+    and probes); returns the result's path. The result's ``settings`` and ``fingerprint`` cover what made its
+    entries. An entry made with other settings or another behaviour of the code than now cannot sit beside it: it is
+    dropped, and stderr says why, or with ``keep_stale`` nothing is written and a
+    :class:`~captioner.errors.CaptionerError` says why; a change to a config or probe that made no kept entry drops
+    nothing."""
     from captioner.errors import CaptionerError
 
     path = results_dir / f"{name}.json"
     saved = json.loads(path.read_text()) if path.exists() else None
-    kept = dict(saved["result"][section]) if saved else {}
-    reasons = why_stale(saved) if saved else []
-    if reasons and keep_stale:
-        raise CaptionerError(f"{path}: {', '.join(kept)} were made otherwise: {'; '.join(reasons)}")
-    if reasons:
-        print(f"{path}: dropping {', '.join(kept)}: {'; '.join(reasons)}", file=sys.stderr)
-        kept = {}
-    kept[key] = {**entry, "machine": machine_block()}
-    return write_result(name, {section: dict(sorted(kept.items()))}, configs=configs, probes=probes,
+    kept = {k: {**e, "made_by": e.get("made_by") or {"configs": list(saved["settings"]),
+                                                      "probes": list(saved["fingerprint"])}}
+            for k, e in (saved["result"][section] if saved else {}).items()}
+    stale = stale_parts(saved) if saved else {}
+    dropped = {k: [reason for part in (*e["made_by"]["configs"], *e["made_by"]["probes"])
+                   for reason in stale.get(part, [])] for k, e in kept.items()}
+    dropped = {k: reasons for k, reasons in dropped.items() if reasons}
+    if dropped and keep_stale:
+        reasons = dict.fromkeys(reason for found in dropped.values() for reason in found)
+        raise CaptionerError(f"{path}: {', '.join(dropped)} were made otherwise: {'; '.join(reasons)}")
+    for k, reasons in dropped.items():
+        print(f"{path}: dropping {k}: {'; '.join(reasons)}", file=sys.stderr)
+        del kept[k]
+    refs = [ConfigRef.parse(c) if isinstance(c, str) else c for c in configs]
+    kept[key] = {**entry, "made_by": {"configs": [ref.key for ref in refs], "probes": list(probes)},
+                 "machine": machine_block()}
+    used = [e["made_by"] for e in kept.values()]
+    return write_result(name, {section: dict(sorted(kept.items()))},
+                        configs=list(dict.fromkeys(c for made in used for c in made["configs"])),
+                        probes=list(dict.fromkeys(p for made in used for p in made["probes"])),
                         results_dir=results_dir)
 
 
@@ -202,10 +219,11 @@ def settings_changes(key: str, recorded: dict) -> list[str]:
     return [f"config '{key}': {change}" for change in changes]
 
 
-def why_stale(record: dict) -> list[str]:
-    """Why ``record``'s numbers are not those the code and settings make now (empty: they are): each config whose
-    settings changed and each probe that computes other numbers, with the first differences."""
-    reasons = [change for key, recorded in record["settings"].items() for change in settings_changes(key, recorded)]
+def stale_parts(record: dict) -> dict[str, list[str]]:
+    """What made ``record`` that the code and settings no longer make: each config (by key) whose settings changed
+    and each probe (by name) that computes other numbers, with why (the first differences)."""
+    parts = {key: changes for key, recorded in record["settings"].items()
+             if (changes := settings_changes(key, recorded))}
     for name, recorded in record["fingerprint"].items():
         try:
             found = differences(recorded, compute(name))
@@ -213,5 +231,11 @@ def why_stale(record: dict) -> list[str]:
             found = [f"cannot be computed now ({type(err).__name__}: {err})"]
         if found:
             more = f" (and {len(found) - SHOWN_DIFFERENCES} more)" if len(found) > SHOWN_DIFFERENCES else ""
-            reasons.append(f"probe '{name}' computes other numbers: {'; '.join(found[:SHOWN_DIFFERENCES])}{more}")
-    return reasons
+            parts[name] = [f"probe '{name}' computes other numbers: {'; '.join(found[:SHOWN_DIFFERENCES])}{more}"]
+    return parts
+
+
+def why_stale(record: dict) -> list[str]:
+    """Why ``record``'s numbers are not those the code and settings make now (empty: they are): each config whose
+    settings changed and each probe that computes other numbers, with the first differences."""
+    return [reason for reasons in stale_parts(record).values() for reason in reasons]
