@@ -38,7 +38,7 @@ def handful(tmp_path_factory):
     return overrides, folder, [FLICKR8K / i["filepath"] / i["filename"] for i in picked[6:]]
 
 
-@pytest.mark.parametrize("recipe", RECIPES)
+@pytest.mark.parametrize("recipe", [*RECIPES, "flickr8k_full_marginal"])
 def test_full_recipe_trains_a_few_steps_and_its_checkpoint_decodes(recipe, handful):
     overrides, folder, photos = handful
     config = load_config(recipes()[recipe], [*overrides, f"run.out={folder / recipe}", "train.epochs=1",
@@ -83,6 +83,17 @@ def test_full_recipe_and_its_no_attention_ablation_resolve(recipe):
     ablation = load_config(recipes()[recipe], ABLATIONS[recipe])
     assert (ablation.model.lstm.attention == "none" if ablation.model.decoder == "lstm"
             else ablation.model.transformer.memory == "mean")
+
+
+def test_marginal_recipe_is_the_soft_recipe_with_marginal_attention():
+    marginal, soft = load_config(recipes()["flickr8k_full_marginal"]), load_config(recipes()["flickr8k_full_soft"])
+    lstm = marginal.model.lstm
+    assert (lstm.attention_mode, lstm.marginal_regions, lstm.marginal_rest) == ("marginal", 4, "soft")
+    assert marginal.run.out != soft.run.out
+    for section in ("data", "encoder", "loss", "train", "decode"):
+        assert getattr(marginal, section) == getattr(soft, section), section
+    assert dataclasses.replace(lstm, attention_mode="soft", marginal_regions=0, marginal_rest="renormalise") == \
+        soft.model.lstm
 
 
 def test_lite2_scst_recipe_is_the_soft_scst_recipe_with_another_encoder():
