@@ -25,11 +25,11 @@ ROOT = Path(__file__).resolve().parent.parent
 ENSEMBLES = "flickr8k_ensembles"
 
 
-def score(members: list[str]) -> dict:
-    """The ensemble of the study's runs ``members`` on all validation photos (beam and decoding of the first)."""
+def score(members: list[str], study: dict) -> dict:
+    """The ensemble of the study's runs ``members`` (``study``: its saved runs by name) on all validation photos
+    (beam and decoding of the first)."""
     from captioner.workflows.evaluate import evaluate_checkpoint
 
-    study = load_results()[RESULTS]["result"]["runs"]
     missing = [m for m in members if m not in study or not (RUNS / m / "best.pt").is_file()]
     if missing:
         raise SystemExit(f"{', '.join(missing)}: not a run of {RESULTS_DIR / (RESULTS + '.json')} with its best.pt "
@@ -46,9 +46,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("members", nargs="+", help="runs of the study, e.g. soft_s0 transformer_s0")
     args = parser.parse_args()
-    entry = score(args.members)
-    print(json.dumps(entry, indent=1))
     study = load_results()[RESULTS]["result"]["runs"]
+    entry = score(args.members, study)
+    print(json.dumps(entry, indent=1))
     made = [made_by(study[m]["kind"], study[m]["ablation"]) for m in args.members]     # what made each member
     recipes = dict.fromkeys(KINDS[study[m]["kind"]] for m in args.members)
     add_entry(ENSEMBLES, "ensembles", "+".join(args.members), entry,
