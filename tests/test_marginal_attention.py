@@ -116,7 +116,8 @@ def test_only_the_soft_rest_asks_alpha_to_move_mass_onto_the_chosen_regions(rest
     delta = torch.zeros((), requires_grad=True)
     alpha = torch.softmax(scores + delta * top, dim=1)
     base = decoder.embedding(torch.tensor([5, 6])) + decoder.out_hidden(torch.randn(2, 14))
-    log_p = decoder._mixture(regions, base, torch.ones_like(base), torch.arange(2), alpha, None)
+    z = (alpha.unsqueeze(1) @ regions).squeeze(1)                        # the soft context, as the recurrence has it
+    log_p = decoder._mixture(regions, base, torch.ones_like(base), torch.arange(2), alpha, None, z)
     (grad,) = torch.autograd.grad(log_p[:, 7].sum(), delta)
     assert grad.abs() > 1e-4 if rest == "soft" else grad.abs() < 1e-6
 

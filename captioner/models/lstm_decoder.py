@@ -244,24 +244,32 @@ class LSTMDecoder(nn.Module):
         """Deep output layer (eq. 7): ``(..., E), (..., H), (..., D')`` -> logits ``(..., V)``."""
         return self.out_words(self.dropout(self.deep_output(embedded, h, z)))
 
+    @property
+    def soft_rest(self) -> bool:
+        """Marginal attention over the top-k regions with the others' soft context as one more component."""
+        return self.config.attention_mode == "marginal" and self.config.marginal_rest == "soft"
+
     def mixture_log_probs(self, embedded: torch.Tensor, h: torch.Tensor, regions: torch.Tensor,
-                          images: torch.Tensor, alpha: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
+                          images: torch.Tensor, alpha: torch.Tensor, gate: torch.Tensor | None,
+                          z: torch.Tensor) -> torch.Tensor:
         """Marginal attention's word distribution: ``log sum_i alpha_ti softmax(L_o tanh(E y_{t-1} + L_h h_t +
         L_z beta_t a_i))`` (N, V) float32, for rows with ``embedded`` (N, E), ``h`` (N, H), ``alpha`` (N, L), ``gate``
-        beta (N, 1 | D') or None, reading ``regions[images]`` from ``regions`` (B, L, D') and ``images`` (N,). One
-        dropout mask per row, shared by its regions; computed :data:`MIXTURE_CHUNK` logits at a time (in one piece
-        where torch.compile or torch.export traces it: a loop over a dynamic number of rows cannot be traced)."""
+        beta (N, 1 | D') or None and the gated soft context ``z`` (N, D'), reading ``regions[images]`` from
+        ``regions`` (B, L, D') and ``images`` (N,). One dropout mask per row, shared by its regions; computed
+        :data:`MIXTURE_CHUNK` logits at a time (in one piece where torch.compile or torch.export traces it: a loop
+        over a dynamic number of rows cannot be traced)."""
         base = embedded + self.out_hidden(h)                                   # (N, E): what the regions share
         keep = self.dropout(torch.ones_like(base))
         if torch.compiler.is_compiling():
-            return self._mixture(regions, base, keep, images, alpha, gate)
+            return self._mixture(regions, base, keep, images, alpha, gate, z)
         k = self.config.marginal_regions
-        regions_per_row = k + (self.config.marginal_rest == "soft") if 0 < k < alpha.shape[1] else alpha.shape[1]
+        regions_per_row = k + self.soft_rest if 0 < k < alpha.shape[1] else alpha.shape[1]
         rows = max(1, MIXTURE_CHUNK // (regions_per_row * self.config.vocab_size))
         pieces = []
         for start in range(0, base.shape[0], rows):
             piece = [t[start:start + rows] for t in (base, keep, images, alpha)]
             piece.append(None if gate is None else gate[start:start + rows])
+            piece.append(z[start:start + rows])
             if torch.is_grad_enabled():     # recomputed in the backward pass: memory bounded by one piece
                 pieces.append(checkpoint(self._mixture, regions, *piece, use_reentrant=False,
                                          preserve_rng_state=False))     # nothing random inside
@@ -269,25 +277,27 @@ class LSTMDecoder(nn.Module):
                 pieces.append(self._mixture(regions, *piece))
         return torch.cat(pieces)
 
-    def _mixture(self, regions, base, keep, images, alpha, gate) -> torch.Tensor:
+    def _mixture(self, regions, base, keep, images, alpha, gate, z) -> torch.Tensor:
         """One piece of :meth:`mixture_log_probs`."""
         alpha = alpha.float()                # top-k and its renormalisation in float32, whatever autocast gives
         k = self.config.marginal_regions
-        if 0 < k < alpha.shape[1]:           # the k regions of highest alpha
+        top_k = 0 < k < alpha.shape[1]
+        if top_k:                            # the k regions of highest alpha
             weights, index = alpha.topk(k, dim=1)
             chosen = regions[images.unsqueeze(1), index]                      # (n, k, D')
-            if self.config.marginal_rest == "soft":     # + the others' soft context, at the rest of alpha's mass
-                others = alpha.scatter(1, index, 0.0)                          # (n, L)
-                rest = others.sum(dim=1, keepdim=True)                         # (n, 1)
-                context = torch.bmm((others / rest.clamp_min(1e-12)).to(regions.dtype).unsqueeze(1),
-                                    regions.index_select(0, images))           # (n, 1, D')
-                weights, chosen = torch.cat([weights, rest], dim=1), torch.cat([chosen, context], dim=1)
-            else:                                                             # alpha renormalised over them
-                weights = weights / weights.sum(dim=1, keepdim=True)
         else:
             weights, chosen = alpha, regions.index_select(0, images)           # (n, L, D')
         if gate is not None:
-            chosen = gate.unsqueeze(1) * chosen                                # z = beta a_i
+            chosen = gate.unsqueeze(1) * chosen                                # beta a_i
+        if top_k and self.soft_rest:   # + the others' soft context, at the rest of alpha's mass: z less the top k
+            # (z's rounding error is divided by the rest's mass r, and the component's weight is r again)
+            rest = alpha.scatter(1, index, 0.0).sum(dim=1, keepdim=True)       # (n, 1)
+            top = torch.bmm(weights.unsqueeze(1), chosen.float()).squeeze(1)   # (n, D'): beta sum_top alpha_i a_i
+            context = (z.float() - top) / rest.clamp_min(1e-12)                # beta sum_rest alpha_i a_i / rest
+            weights = torch.cat([weights, rest], dim=1)
+            chosen = torch.cat([chosen, context.to(chosen.dtype).unsqueeze(1)], dim=1)
+        elif top_k:                                                           # alpha renormalised over them
+            weights = weights / weights.sum(dim=1, keepdim=True)
         deep = torch.tanh(base.unsqueeze(1) + self.out_context(chosen)) * keep.unsqueeze(1)   # (n, k, E)
         log_p = torch.log_softmax(self.out_words(deep).float(), dim=-1)       # (n, k, V): log p(y | a_i)
         return torch.logsumexp(log_p + weights.float().clamp_min(1e-30).log().unsqueeze(-1), dim=1)
@@ -362,7 +372,8 @@ class LSTMDecoder(nn.Module):
         if self.config.attention_mode == "marginal":
             images = packed_rows(running, embedded.device)
             gate = torch.cat([i["gate"] for i in infos]) if self.gate is not None else None
-            logits = self.mixture_log_probs(embedded, torch.cat(hs), regions, images, torch.cat(alphas), gate)
+            logits = self.mixture_log_probs(embedded, torch.cat(hs), regions, images, torch.cat(alphas), gate,
+                                            torch.cat(zs))
             return logits.index_select(0, targets_order), None
         deep = self.deep_output(embedded, torch.cat(hs), torch.cat(zs))              # (W, E), packed
         if not (self.variational and self.training):
@@ -486,7 +497,7 @@ class LSTMDecoder(nn.Module):
         if self.config.attention_mode == "marginal":
             regions = state["regions"]
             images = torch.arange(tokens.shape[0], device=tokens.device) // (tokens.shape[0] // regions.shape[0])
-            log_probs = self.mixture_log_probs(embedded, h, regions, images, alpha, location_info.get("gate"))
+            log_probs = self.mixture_log_probs(embedded, h, regions, images, alpha, location_info.get("gate"), z)
         else:
             log_probs = torch.log_softmax(self.output_logits(embedded, h, z).float(), dim=-1)
         attention = {"alpha": alpha}
