@@ -22,6 +22,8 @@ several sessions loses nothing: the JSON is committed, the checkpoints (research
     python scripts/flickr8k_study.py soft --seed 0 --ablation   # its ablation (model.lstm.attention=none)
     python scripts/flickr8k_study.py hard --seed 1 -- train.epochs=2   # overrides after --: a trial, not saved
     python scripts/flickr8k_study.py soft_scst --seed 0 --resume      # a run stopped (Ctrl-C) or killed: go on
+    python scripts/flickr8k_study.py soft --seed 0 --save flickr8k_trials --name cosine8 -- \
+        train.lr_schedule=cosine train.epochs=8                      # a trial saved apart, as the result NAME
     python scripts/render_results.py                                 # the table on docs/results.md
 """
 
@@ -73,25 +75,37 @@ def run_name(kind: str, seed: int, ablation: bool) -> str:
     return f"{kind}{'_none' if ablation else ''}_s{seed}"
 
 
-def run(kind: str, seed: int, ablation: bool, extra: list[str], resume: bool = False) -> dict:
+def validation_curve(run_dir: Path) -> list[dict]:
+    """The run's validation score after each epoch (``metrics.jsonl``), as ``{"epoch", metric: value}``."""
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [{"epoch": r["epoch"], **{m: round(r[m], 4) for m in METRICS if m in r}} for r in lines
+            if r.get("type") == "val"]
+
+
+def run(kind: str, seed: int, ablation: bool, extra: list[str], resume: bool = False, save: str | None = None,
+        trial: str | None = None) -> dict:
     """Train (or, with ``resume``, go on from the run's ``last.pt``), score on all validation photos, ground on
-    coco-mini; the result as saved (or, with ``extra`` overrides, printed only: a trial is not the recipe). A run
-    stopped before its end is not scored: it says how to go on."""
+    coco-mini; the result as saved. With ``extra`` overrides it is a trial, not the recipe: printed, or with ``save``
+    saved as the entry ``trial`` of that result (made by the recipe with the overrides), in ``runs/flickr8k_full/``
+    under that name. A run stopped before its end is not scored: it says how to go on."""
     from captioner.training.engine import train
     from captioner.workflows.evaluate import evaluate_checkpoint
 
     recipe = recipes()[KINDS[kind]]
     name = run_name(kind, seed, ablation)
-    out = RUNS / (name if not extra else name + "_trial")
+    out = RUNS / (name if not extra else f"{name}_{trial or 'trial'}")
     overrides = [*(ABLATION[kind] if ablation else []), f"run.seed={seed}", f"run.out={out}", *extra]
     config = load_config(recipe, overrides)
+    out = Path(config.run.out)          # a trial's own run.out, if it gives one
     ensure_features(recipe, config.data.features, [], ["train", "val"])
     started, cpu_started = time.perf_counter(), time.process_time()
     trained = train(config, resume=resume, overwrite=not resume)
     seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu_started
     if trained["stopped"]:
+        again = " ".join([kind, f"--seed {seed}", *(["--ablation"] if ablation else []), "--resume",
+                          *([f"--save {save} --name {trial}"] if save else []), *(["--", *extra] if extra else [])])
         raise SystemExit(f"{out}: stopped at epoch {trained['epochs']}; go on with: python scripts/flickr8k_study.py "
-                         f"{kind} --seed {seed}{' --ablation' if ablation else ''} --resume")
+                         f"{again}")
     checkpoint = trained["checkpoint"]
     val = evaluate_checkpoint(checkpoint, "val", out_dir=out, progress=False)
     start = out / "cross_entropy.pt"        # an SCST recipe's cross-entropy start, scored the same way
@@ -108,6 +122,7 @@ def run(kind: str, seed: int, ablation: bool, extra: list[str], resume: bool = F
     result = {"run": name, "recipe": KINDS[kind], "kind": kind, "ablation": ablation, "seed": seed,
               "overrides": overrides[:-1 - len(extra)] + extra if extra else overrides[:-1],
               "epochs": trained["epochs"], "best_val_metric": {config.train.metric: round(trained["best"], 4)},
+              "val_curve": validation_curve(out),
               "precision": progress.get("amp"),
               # resumed: the wall time of all its parts (as the checkpoint keeps it); the CPU time of the last is no sum
               "train_seconds": round(trained["train_seconds"] if resume else seconds, 1),
@@ -123,7 +138,12 @@ def run(kind: str, seed: int, ablation: bool, extra: list[str], resume: bool = F
               "coco_mini": {k: round(grounding[k], 4) for k in ("pointing_accuracy", "attention_inside",
                                                                 "uniform_pointing", "uniform_inside", "centre_pointing")}
               | {"words": grounding["words"], "map": grounding["map"]} if grounding else None}
-    if extra:
+    if extra and save:
+        config = " ".join([KINDS[kind], *(ABLATION[kind] if ablation else []),
+                           *(o for o in extra if not o.startswith("run."))])
+        add_entry(save, "runs", f"{name}_{trial}", result, configs=[config],
+                  probes=["text", "metrics", f"data {KINDS['soft']}", f"train {config}", f"decode {config}"])
+    elif extra:
         print(json.dumps(result, indent=1))
     else:
         # beside the runs saved before (its table: results.tables); runs made otherwise refuse it: --restart
@@ -140,15 +160,22 @@ def main() -> None:
     parser.add_argument("--resume", action="store_true", help="go on with the run from its last.pt, then score it")
     parser.add_argument("--restart", action="store_true",
                         help="drop the saved runs, made with other settings or another behaviour of the code")
-    parser.add_argument("overrides", nargs="*", help="after --: overrides for a trial run (printed, not saved)")
+    parser.add_argument("--save", metavar="NAME", help="save a trial as an entry of the result NAME (with --name)")
+    parser.add_argument("--name", help="the trial's name: its run folder and entry, after the run's")
+    parser.add_argument("overrides", nargs="*", help="after --: overrides for a trial run (printed, or with --save "
+                                                     "saved apart from the study)")
     args = parser.parse_args()
+    if args.save and not (args.overrides and args.name):
+        parser.error("--save saves a trial: give its overrides after -- and its --name")
+    if args.save == RESULTS:
+        parser.error(f"a trial is not the recipe: save it apart from {RESULTS}")
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)   # each run's start-up facts: device, precision chosen
     if args.restart:
         (RESULTS_DIR / f"{RESULTS}.json").unlink(missing_ok=True)
     if args.ablation and args.kind not in ABLATION:
         parser.error(f"{args.kind} has no ablation: one of {', '.join(sorted(ABLATION))}")
     try:
-        run(args.kind, args.seed, args.ablation, args.overrides, args.resume)
+        run(args.kind, args.seed, args.ablation, args.overrides, args.resume, args.save, args.name)
     except CaptionerError as err:
         raise SystemExit(str(err)) from None
 

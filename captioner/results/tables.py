@@ -137,6 +137,24 @@ def flickr8k_full(result: dict) -> list[str]:
     return lines
 
 
+def flickr8k_trials(result: dict) -> list[str]:
+    """Trials of the Flickr8k study's recipes (``scripts/flickr8k_study.py KIND --save flickr8k_trials``): what each
+    changed, the validation subset's CIDEr per epoch (its best in bold), the training wall time, and the best
+    checkpoint on all 1,000 validation photos."""
+    lines = header("trial", "recipe", "changes", "val CIDEr by epoch (subset)", "train min", *CAPTION_METRICS[3:],
+                   "words used", "distinct")
+    for name, run in sorted(result["runs"].items()):
+        curve = [point["CIDEr"] for point in run["val_curve"]]
+        best = curve.index(max(curve)) if curve else -1
+        lines.append(row(f"`{name}`", f"`{run['recipe']}`",
+                         ", ".join(f"`{o}`" for o in run["overrides"] if not o.startswith("run.")) or "–",
+                         ", ".join(f"**{number(c)}**" if i == best else number(c) for i, c in enumerate(curve)),
+                         number(run["train_seconds"] / 60, 1),
+                         *(number(run["val"][m]) for m in CAPTION_METRICS[3:]),
+                         run["diversity"]["vocabulary_used"], number(run["diversity"]["distinct_captions"], 2)))
+    return lines
+
+
 def hard_attention_snr(result: dict) -> list[str]:
     """The REINFORCE gradient of the attention network on one batch, per reward and baseline
     (``scripts/hard_attention_diagnosis.py snr``)."""
@@ -317,4 +335,4 @@ TABLES: dict[str, Callable[[dict], list[str]]] = {
     "flickr8k_full": flickr8k_full, "hard_attention_snr": hard_attention_snr, "hard_attention_runs": hard_attention_runs,
     "recipe_times": recipe_times, "flickr8k_ensembles": flickr8k_ensembles, "own_photos": own_photos,
     "scst_diagnosis": scst_diagnosis, "scst_diagnosis_full": scst_diagnosis, "cuda_check": cuda_check,
-    "marginal_attention": marginal_attention}
+    "marginal_attention": marginal_attention, "flickr8k_trials": flickr8k_trials}
