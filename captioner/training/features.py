@@ -26,7 +26,8 @@ def cache_features(config: Config, splits: Sequence[str], folder: str | Path | N
         raise CaptionerError("cache-features: set data.features in the config (or pass --out DIR)")
     by_split = read_splits(config.data, splits)     # a Karpathy file parsed once for every split
     records = [r for split in splits for r in by_split[split]]
-    encoder = build_encoder(config.encoder).to(resolve_device(config.run.device))
+    # frozen for good here: batch norms folded into their convolutions, channels-last (float rounding apart, the same)
+    encoder = build_encoder(config.encoder).prepare_for_inference().to(resolve_device(config.run.device))
     result = build_feature_cache(encoder, records, folder, transform=image_transform(encoder), batch_size=batch_size,
                                  num_workers=config.data.num_workers, max_pixels=config.data.max_pixels,
                                  dtype=dtype, encoder_config=dataclasses.asdict(config.encoder), splits=splits, progress=progress)
