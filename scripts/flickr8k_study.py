@@ -32,9 +32,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import shlex
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from coco_mini import COCO_MINI, coco_mini_features, coco_mini_overrides
@@ -42,6 +44,7 @@ from coco_mini import COCO_MINI, coco_mini_features, coco_mini_overrides
 from captioner.config import load_config, recipes
 from captioner.core.console import LOG_FORMAT
 from captioner.errors import CaptionerError
+from captioner.results.fingerprint import ConfigRef, probe_name
 from captioner.results.record import RESULTS_DIR, add_entry
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -58,10 +61,12 @@ ABLATION = {"soft": ["model.lstm.attention=none", "model.lstm.attention_mode=sof
 METRICS = ("BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "METEOR", "ROUGE-L", "CIDEr")
 
 
-def made_by(kind: str, ablation: bool) -> tuple[str, list[str]]:
-    """What made a run's numbers: its config (the recipe, or its ablation) and the probes of the code it runs."""
-    config = " ".join([KINDS[kind], *(ABLATION[kind] if ablation else [])])
-    return config, ["text", "metrics", f"data {KINDS['soft']}", f"train {config}", f"decode {config}"]
+def made_by(kind: str, ablation: bool, extra: Sequence[str] = ()) -> tuple[str, list[str]]:
+    """What made a run's numbers: its config (the recipe, or its ablation, with a trial's ``extra`` overrides) and
+    the probes of the code it runs."""
+    config = ConfigRef(KINDS[kind], (*(ABLATION[kind] if ablation else []), *extra))
+    return config.key, ["text", "metrics", f"data {KINDS['soft']}", probe_name("train", config),
+                        probe_name("decode", config)]
 
 
 def ensure_features(recipe: Path, features: str, overrides: list[str], splits: list[str]) -> None:
@@ -78,8 +83,9 @@ def run_name(kind: str, seed: int, ablation: bool) -> str:
 def validation_curve(run_dir: Path) -> list[dict]:
     """The run's validation score after each epoch (``metrics.jsonl``), as ``{"epoch", metric: value}``."""
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [{"epoch": r["epoch"], **{m: round(r[m], 4) for m in METRICS if m in r}} for r in lines
-            if r.get("type") == "val"]
+    # the last of an epoch's: a run killed after validating an epoch and before saving it validates it again
+    epochs = {r["epoch"]: r for r in lines if r.get("type") == "val"}
+    return [{"epoch": epoch, **{m: round(r[m], 4) for m in METRICS if m in r}} for epoch, r in epochs.items()]
 
 
 def run(kind: str, seed: int, ablation: bool, extra: list[str], resume: bool = False, save: str | None = None,
@@ -96,14 +102,13 @@ def run(kind: str, seed: int, ablation: bool, extra: list[str], resume: bool = F
     out = RUNS / (name if not extra else f"{name}_{trial or 'trial'}")
     overrides = [*(ABLATION[kind] if ablation else []), f"run.seed={seed}", f"run.out={out}", *extra]
     config = load_config(recipe, overrides)
-    out = Path(config.run.out)          # a trial's own run.out, if it gives one
     ensure_features(recipe, config.data.features, [], ["train", "val"])
     started, cpu_started = time.perf_counter(), time.process_time()
     trained = train(config, resume=resume, overwrite=not resume)
     seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu_started
     if trained["stopped"]:
-        again = " ".join([kind, f"--seed {seed}", *(["--ablation"] if ablation else []), "--resume",
-                          *([f"--save {save} --name {trial}"] if save else []), *(["--", *extra] if extra else [])])
+        again = shlex.join([kind, "--seed", str(seed), *(["--ablation"] if ablation else []), "--resume",
+                            *(["--save", save, "--name", trial] if save else []), *(["--", *extra] if extra else [])])
         raise SystemExit(f"{out}: stopped at epoch {trained['epochs']}; go on with: python scripts/flickr8k_study.py "
                          f"{again}")
     checkpoint = trained["checkpoint"]
@@ -138,17 +143,15 @@ def run(kind: str, seed: int, ablation: bool, extra: list[str], resume: bool = F
               "coco_mini": {k: round(grounding[k], 4) for k in ("pointing_accuracy", "attention_inside",
                                                                 "uniform_pointing", "uniform_inside", "centre_pointing")}
               | {"words": grounding["words"], "map": grounding["map"]} if grounding else None}
-    if extra and save:
-        config = " ".join([KINDS[kind], *(ABLATION[kind] if ablation else []),
-                           *(o for o in extra if not o.startswith("run."))])
-        add_entry(save, "runs", f"{name}_{trial}", result, configs=[config],
-                  probes=["text", "metrics", f"data {KINDS['soft']}", f"train {config}", f"decode {config}"])
-    elif extra:
+    if extra and not save:
         print(json.dumps(result, indent=1))
     else:
-        # beside the runs saved before (its table: results.tables); runs made otherwise refuse it: --restart
-        config, probes = made_by(kind, ablation)
-        add_entry(RESULTS, "runs", name, result, configs=[config], probes=probes, keep_stale=True)
+        # beside the runs saved before (its table: results.tables); the study's runs made otherwise refuse it
+        # (--restart), a trial's result drops them
+        (out / "study_entry.json").write_text(json.dumps(result, indent=1))
+        key, probes = made_by(kind, ablation, extra)
+        add_entry(save or RESULTS, "runs", f"{name}_{trial}" if save else name, result, configs=[key], probes=probes,
+                  keep_stale=not save)
     return result
 
 
@@ -164,11 +167,15 @@ def main() -> None:
     parser.add_argument("--name", help="the trial's name: its run folder and entry, after the run's")
     parser.add_argument("overrides", nargs="*", help="after --: overrides for a trial run (printed, or with --save "
                                                      "saved apart from the study)")
-    args = parser.parse_args()
-    if args.save and not (args.overrides and args.name):
-        parser.error("--save saves a trial: give its overrides after -- and its --name")
+    args = parser.parse_intermixed_args()     # options before the -- of the overrides (parse_args refuses them)
+    if bool(args.save) != bool(args.name) or (args.save and not args.overrides):
+        parser.error("--save and --name save a trial: give both, and its overrides after --")
     if args.save == RESULTS:
         parser.error(f"a trial is not the recipe: save it apart from {RESULTS}")
+    if args.save and args.restart:
+        parser.error("--restart drops the study's saved runs, not a trial's")
+    if any(o.startswith(("run.seed=", "run.out=")) for o in args.overrides):
+        parser.error("give a run's seed with --seed and a trial's folder with --name, not as overrides")
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)   # each run's start-up facts: device, precision chosen
     if args.restart:
         (RESULTS_DIR / f"{RESULTS}.json").unlink(missing_ok=True)
