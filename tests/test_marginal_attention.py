@@ -73,6 +73,28 @@ def test_the_marginal_likelihood_is_the_sum_over_regions_by_brute_force(options)
             torch.testing.assert_close(decoder(features, captions).logits, out.logits)
 
 
+@pytest.mark.parametrize("options", [{"gate": "vector", "marginal_regions": 4, "marginal_rest": "soft"},
+                                     {"marginal_regions": 11, "marginal_rest": "soft"}])
+def test_the_soft_rests_gradients_are_the_brute_force_sums(options):
+    """The soft rest is taken from the recurrence's soft context less its top-k part: every parameter's gradient
+    equals the brute-force sum's, which forms the other regions' context region by region."""
+    decoder = make_decoder(attention_mode="marginal", region_norm="layer", **options).eval()
+    features, captions = torch.randn(3, 12, 16), captions_batch()
+    real = captions[:, 1:] != 0
+    out = decoder(features, captions)
+    log_probs = padded_logits(out, real).log_softmax(-1).gather(2, captions[:, 1:, None]).squeeze(2)
+    grads = dict(zip([n for n, _ in decoder.named_parameters()],
+                     torch.autograd.grad(log_probs[real].sum(), list(decoder.parameters()), allow_unused=True)))
+    expected = dict(zip([n for n, _ in decoder.named_parameters()],
+                        torch.autograd.grad(brute_force_log_likelihood(decoder, features, captions)[real].sum(),
+                                            list(decoder.parameters()), allow_unused=True)))
+    for name, grad in expected.items():
+        if grad is None:
+            assert grads[name] is None or not grads[name].any(), name
+        else:
+            torch.testing.assert_close(grads[name], grad, rtol=1e-4, atol=1e-5, msg=name)
+
+
 def test_the_mixture_is_no_soft_attention_and_fewer_regions_change_it():
     features, captions = torch.randn(3, 12, 16), captions_batch()
     soft, marginal = make_decoder().eval(), make_decoder(attention_mode="marginal").eval()

@@ -263,7 +263,7 @@ class LSTMDecoder(nn.Module):
         if torch.compiler.is_compiling():
             return self._mixture(regions, base, keep, images, alpha, gate, z)
         k = self.config.marginal_regions
-        regions_per_row = k + self.soft_rest if 0 < k < alpha.shape[1] else alpha.shape[1]
+        regions_per_row = k + int(self.soft_rest) if 0 < k < alpha.shape[1] else alpha.shape[1]
         rows = max(1, MIXTURE_CHUNK // (regions_per_row * self.config.vocab_size))
         pieces = []
         for start in range(0, base.shape[0], rows):
@@ -292,7 +292,7 @@ class LSTMDecoder(nn.Module):
         if top_k and self.soft_rest:   # + the others' soft context, at the rest of alpha's mass: z less the top k
             # (z's rounding error is divided by the rest's mass r, and the component's weight is r again)
             rest = alpha.scatter(1, index, 0.0).sum(dim=1, keepdim=True)       # (n, 1)
-            top = torch.bmm(weights.unsqueeze(1), chosen.float()).squeeze(1)   # (n, D'): beta sum_top alpha_i a_i
+            top = (weights.unsqueeze(2) * chosen.float()).sum(dim=1)           # (n, D'): beta sum_top alpha_i a_i
             context = (z.float() - top) / rest.clamp_min(1e-12)                # beta sum_rest alpha_i a_i / rest
             weights = torch.cat([weights, rest], dim=1)
             chosen = torch.cat([chosen, context.to(chosen.dtype).unsqueeze(1)], dim=1)
