@@ -51,7 +51,8 @@ def main() -> None:
         result = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
                   "threads": torch.get_num_threads(), "images": len(records), "images_per_s": {}}
         for name, settings in ENCODERS.items():
-            encoder = build_encoder(EncoderConfig(pretrained=False, **settings)).to(device)
+            # prepared for inference, as captioner cache-features runs it
+            encoder = build_encoder(EncoderConfig(pretrained=False, **settings)).prepare_for_inference().to(device)
             for workers in (0, 2):
                 folder = root / f"cache_{settings['name']}_{workers}"
                 started = time.perf_counter()
