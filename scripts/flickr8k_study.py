@@ -22,8 +22,8 @@ several sessions loses nothing: the JSON is committed, the checkpoints (research
     python scripts/flickr8k_study.py soft --seed 0 --ablation   # its ablation (model.lstm.attention=none)
     python scripts/flickr8k_study.py hard --seed 1 -- train.epochs=2   # overrides after --: a trial, not saved
     python scripts/flickr8k_study.py soft_scst --seed 0 --resume      # a run stopped (Ctrl-C) or killed: go on
-    python scripts/flickr8k_study.py soft --seed 0 --save flickr8k_trials --name cosine8 -- \
-        train.lr_schedule=cosine train.epochs=8                      # a trial saved apart, as the result NAME
+    python scripts/flickr8k_study.py soft --seed 0 --save flickr8k_trials --name cosine6 -- \
+        train.lr_schedule=cosine train.epochs=6                      # a trial saved apart, in the result NAME
     python scripts/render_results.py                                 # the table on docs/results.md
 """
 
