@@ -46,6 +46,7 @@ from captioner.core.console import LOG_FORMAT
 from captioner.errors import CaptionerError
 from captioner.results.fingerprint import ConfigRef, probe_name
 from captioner.results.record import RESULTS_DIR, add_entry
+from captioner.workflows.report import read_metrics
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -82,9 +83,8 @@ def run_name(kind: str, seed: int, ablation: bool) -> str:
 
 def validation_curve(run_dir: Path) -> list[dict]:
     """The run's validation score after each epoch (``metrics.jsonl``), as ``{"epoch", metric: value}``."""
-    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     # the last of an epoch's: a run killed after validating an epoch and before saving it validates it again
-    epochs = {r["epoch"]: r for r in lines if r.get("type") == "val"}
+    epochs = {r["epoch"]: r for r in read_metrics(run_dir) if r.get("type") == "val"}
     return [{"epoch": epoch, **{m: round(r[m], 4) for m in METRICS if m in r}} for epoch, r in epochs.items()]
 
 

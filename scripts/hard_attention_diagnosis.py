@@ -46,6 +46,7 @@ from captioner.data.tokens import PAD_INDEX
 from captioner.objectives.losses import caption_baseline, caption_log_likelihood, location_reward, reinforce_term
 from captioner.results.record import RESULTS_DIR, machine_block, why_stale, write_result
 from captioner.workflows.evaluate import evaluate_checkpoint
+from captioner.workflows.report import read_metrics
 
 ROOT = Path(__file__).resolve().parent.parent
 REWARDS = ("sequence", "per_word")
@@ -198,7 +199,7 @@ def scored_run(folder: Path) -> dict:
     mode = config["model"]["lstm"]["attention_mode"]
     hard = mode == "hard"
     recipe = HARD if hard else SOFT
-    curve = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines() if '"val"' in line]
+    curve = [r for r in read_metrics(folder) if r.get("type") == "val"]
     row = {"run": folder.name, "recipe": recipe, "init_from": config["train"].get("init_from"),
            "changes": differences(config, load_config(recipes()[recipe]).to_dict()),
            "val_curve": [{"epoch": r["epoch"], "CIDEr": round(r["CIDEr"], 4)} for r in curve], "decoded": {}}

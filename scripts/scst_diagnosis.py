@@ -30,6 +30,7 @@ from hard_attention_diagnosis import differences
 from captioner.config import load_config, recipes
 from captioner.results.record import write_result
 from captioner.workflows.evaluate import evaluate_checkpoint
+from captioner.workflows.report import read_metrics
 
 STUDIES = {"subset": ("flickr8k_soft", "flickr8k_soft_scst"), "full": ("flickr8k_full_soft", "flickr8k_full_soft_scst")}
 """Per study, its cross-entropy recipe and its SCST recipe: the quick subset (700 training photos) and the full
@@ -61,7 +62,7 @@ def scored_run(path: Path, study: str) -> dict:
     config = yaml.safe_load((folder / "config.yaml").read_text())
     xe, scst = STUDIES[study]
     recipe = scst if config["train"]["objective"] == "scst" else xe
-    records = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    records = read_metrics(folder)
     last_epoch = (torch.load(checkpoint, map_location="cpu", weights_only=True)["progress"]["epoch"]
                   if checkpoint.name != "best.pt" else math.inf)
     curve = [r for r in records if r["type"] == "val" and r["epoch"] <= last_epoch]

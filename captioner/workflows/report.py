@@ -63,7 +63,7 @@ def _json_error(path: Path, text: bytes, err: ValueError, first_line: int = 1) -
     return f"{path}: line {line} is not JSON ({why})"
 
 
-def _read_metrics(run_dir: Path) -> list[dict]:
+def read_metrics(run_dir: Path) -> list[dict]:
     """The records of the run's ``metrics.jsonl`` (none without one). A last line that is not JSON, what a run
     killed while writing it or a full disk leaves, is skipped with a warning; any other bad line is an error."""
     path = run_dir / "metrics.jsonl"
@@ -115,7 +115,7 @@ def collect_run(run_dir: Path, name: str, split: str, beam: int | None, stats_im
     ``decode.beam``. Evaluates the run on ``split`` unless its ``scores_{split}.json`` is this checkpoint's with
     these settings (see the module's docstring)."""
     checkpoint = _checkpoint_of(run_dir)
-    metrics = _read_metrics(run_dir)
+    metrics = read_metrics(run_dir)
     predictor = Predictor.load(checkpoint, beam=beam)
     model, vocab, config, decode_config = predictor.model, predictor.vocab, predictor.config, predictor.decode_config
     scores = _stored_scores(run_dir / f"scores_{split}.json", checkpoint, decode_config)
