@@ -344,31 +344,58 @@ def config_file(path: str | Path) -> Path:
 
 
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> Config:
-    """Defaults, then the YAML file (a path, or a packaged recipe's name: :func:`config_file`), then the overrides
-    (later wins), every value checked as it is read, then the settings that depend on one another. Returns a fresh
-    :class:`Config`."""
+    """Defaults, then the YAML file (a path, or a packaged recipe's name: :func:`config_file`) over the config it
+    ``extends``, if any, then the overrides (later wins), every value checked as it is read, then the settings that
+    depend on one another. Returns a fresh :class:`Config`."""
     tree = defaults()
     if path is not None:
-        path = config_file(path)
-        try:
-            loaded = yaml.load(path.read_text(), Loader=YAML_LOADER) or {}
-        except OSError as err:
-            raise CaptionerError(f"{path}: cannot read config ({err.strerror})") from None
-        except UnicodeDecodeError:
-            raise CaptionerError(f"{path}: not a text (UTF-8) YAML file") from None
-        except yaml.YAMLError as err:
-            mark = getattr(err, "problem_mark", None)
-            where = f" at line {mark.line + 1}" if mark else ""
-            raise CaptionerError(f"{path}: invalid YAML{where}") from None
-        if not isinstance(loaded, dict):
-            raise CaptionerError(f"{path}: a config must be a mapping of sections")
-        loaded, moved = translate_legacy(loaded)
-        if moved:
-            log.warning("%s: settings in their old places were read as %s", path, ", ".join(moved))
-        _merge(tree, loaded, str(path))
+        for loaded, where in _config_chain(config_file(path)):
+            _merge(tree, loaded, where)
     for text in overrides:
         _merge(tree, parse_override(text), f"override '{text}'")
     return Config.from_dict(tree).check()
+
+
+def _config_chain(path: Path, below: tuple[Path, ...] = ()) -> list[tuple[dict, str]]:
+    """The settings of the config file ``path`` and of every config it ``extends``, the most basic first, each with
+    the file it came from. ``extends: NAME`` names a YAML file beside ``path`` (with or without ``.yaml``) or a
+    packaged recipe."""
+    if path.resolve() in below:
+        chain = " -> ".join(str(p) for p in (*below, path.resolve()))
+        raise CaptionerError(f"{path}: a config cannot extend itself ({chain})")
+    loaded = _read_yaml(path)
+    base = loaded.pop("extends", None)
+    loaded, moved = translate_legacy(loaded)
+    if moved:
+        log.warning("%s: settings in their old places were read as %s", path, ", ".join(moved))
+    chain = [(loaded, str(path))]
+    if base is None:
+        return chain
+    if not isinstance(base, str) or not base:
+        raise CaptionerError(f"{path}: 'extends' names one config file or recipe, got {base!r}")
+    beside = [path.parent / base, path.parent / f"{base}.yaml"]
+    found = next((p for p in beside if p.is_file()), None) or recipes().get(base.removesuffix(".yaml"))
+    if found is None:
+        raise CaptionerError(f"{path}: extends {base!r}, which is neither a file beside it nor a recipe "
+                             "(captioner config --list)")
+    return _config_chain(found, (*below, path.resolve())) + chain
+
+
+def _read_yaml(path: Path) -> dict:
+    """A config file's mapping of sections, or a :class:`CaptionerError` naming the file and what is wrong."""
+    try:
+        loaded = yaml.load(path.read_text(), Loader=YAML_LOADER) or {}
+    except OSError as err:
+        raise CaptionerError(f"{path}: cannot read config ({err.strerror})") from None
+    except UnicodeDecodeError:
+        raise CaptionerError(f"{path}: not a text (UTF-8) YAML file") from None
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise CaptionerError(f"{path}: invalid YAML{where}") from None
+    if not isinstance(loaded, dict):
+        raise CaptionerError(f"{path}: a config must be a mapping of sections")
+    return loaded
 
 
 # Loss settings that used to sit in ``model``, and the one that sat in ``train``.
