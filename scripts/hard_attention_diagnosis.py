@@ -230,11 +230,13 @@ def merged(record: dict, rows: list[dict]) -> list[dict]:
 
 
 def runs(args) -> None:
-    rows = [{**scored_run(Path(folder)), "machine": machine_block()} for folder in args.folders]
+    record = None
     if args.save and args.merge and (saved := RESULTS_DIR / f"{args.save}.json").exists():
-        record = json.loads(saved.read_text())
+        record = json.loads(saved.read_text())      # checked before the scoring, which takes minutes per run
         if reasons := why_stale(record):
             raise SystemExit(f"{saved}: its runs were made otherwise, new ones cannot join them: {'; '.join(reasons)}")
+    rows = [{**scored_run(Path(folder)), "machine": machine_block()} for folder in args.folders]
+    if record is not None:
         rows = merged(record, rows)
     if args.save:
         configs, probes = runs_made_by(rows)
