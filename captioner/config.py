@@ -358,27 +358,36 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
 
 def _config_chain(path: Path, below: tuple[Path, ...] = ()) -> list[tuple[dict, str]]:
     """The settings of the config file ``path`` and of every config it ``extends``, the most basic first, each with
-    the file it came from. ``extends: NAME`` names a YAML file beside ``path`` (with or without ``.yaml``) or a
-    packaged recipe."""
-    if path.resolve() in below:
-        chain = " -> ".join(str(p) for p in (*below, path.resolve()))
-        raise CaptionerError(f"{path}: a config cannot extend itself ({chain})")
+    the file it came from. ``extends: NAME`` names a YAML file beside ``path`` (with or without ``.yaml``), else a
+    packaged recipe (``NAME`` or ``configs/NAME`` as :func:`config_file` reads it), so that a file of one's own named
+    like a recipe can extend that recipe."""
+    below = (*below, path.resolve())
     loaded = _read_yaml(path)
-    base = loaded.pop("extends", None)
-    loaded, moved = translate_legacy(loaded)
+    chain = []
+    if "extends" in loaded:
+        base = loaded.pop("extends")
+        if not isinstance(base, str) or not base:
+            raise CaptionerError(f"{path}: 'extends' names one config file or recipe, got {base!r}")
+        beside = [p for p in (path.parent / base, path.parent / f"{base}.yaml") if p.is_file()]
+        found = next((p for p in beside if p.resolve() not in below), None)
+        if found is None:
+            name = Path(base).name.removesuffix(".yaml")
+            found = recipes().get(name) if Path(base).parent in (Path("."), Path("configs")) else None
+        if found is None or found.resolve() in below:
+            if found is not None or beside:
+                cycle = " -> ".join(str(p) for p in (*below, (found or beside[0]).resolve()))
+                raise CaptionerError(f"{path}: its 'extends' form a cycle ({cycle})")
+            raise CaptionerError(f"{path}: extends {base!r}, which is neither a file beside it nor a recipe "
+                                 "(captioner config --list)")
+        chain = _config_chain(found, below)
+    decoder = loaded.get("model", {}).get("decoder") if isinstance(loaded.get("model"), dict) else None
+    for base_settings, _ in reversed(chain):         # a base's decoder, where this file names none
+        model = base_settings.get("model")
+        decoder = decoder or (model.get("decoder") if isinstance(model, dict) else None)
+    loaded, moved = translate_legacy(loaded, decoder)
     if moved:
         log.warning("%s: settings in their old places were read as %s", path, ", ".join(moved))
-    chain = [(loaded, str(path))]
-    if base is None:
-        return chain
-    if not isinstance(base, str) or not base:
-        raise CaptionerError(f"{path}: 'extends' names one config file or recipe, got {base!r}")
-    beside = [path.parent / base, path.parent / f"{base}.yaml"]
-    found = next((p for p in beside if p.is_file()), None) or recipes().get(base.removesuffix(".yaml"))
-    if found is None:
-        raise CaptionerError(f"{path}: extends {base!r}, which is neither a file beside it nor a recipe "
-                             "(captioner config --list)")
-    return _config_chain(found, (*below, path.resolve())) + chain
+    return [*chain, (loaded, str(path))]
 
 
 def _read_yaml(path: Path) -> dict:
@@ -402,16 +411,17 @@ def _read_yaml(path: Path) -> dict:
 LEGACY_LOSS_KEYS = ("doubly_stochastic", "doubly_stochastic_scale", "entropy_weight", "baseline_decay", "hard_reward")
 
 
-def translate_legacy(config: dict) -> tuple[dict, list[str]]:
+def translate_legacy(config: dict, decoder: str | None = None) -> tuple[dict, list[str]]:
     """A config written before decoders had sections of their own, in today's layout: flat ``model.KEY``
-    moves to ``model.<decoder>.KEY`` (the config's decoder for keys that several decoders have, else the
-    decoder that has the key), loss settings to ``loss``. Returns the new config and the moved keys' new
-    names. Keys no decoder knows stay where they are (and are reported as unknown later)."""
+    moves to ``model.<decoder>.KEY`` (for keys that several decoders have: ``decoder``, the config's own
+    ``model.decoder`` where that is not given, else the LSTM; other keys go to the decoder that has them), loss
+    settings to ``loss``. Returns the new config and the moved keys' new names. Keys no decoder knows stay where
+    they are (and are reported as unknown later)."""
     config = copy.deepcopy(config)
     model, moved = config.get("model"), []
     if not isinstance(model, dict):
         return config, moved
-    decoder = model.get("decoder", "lstm")
+    decoder = decoder or model.get("decoder", "lstm")
     owners = {name: set(settings_of(entry.config)) for name, entry in DECODERS.items()}
     for key in [k for k, v in model.items() if k != "decoder" and k not in owners and not isinstance(v, dict)]:
         if key in LEGACY_LOSS_KEYS:

@@ -103,33 +103,45 @@ def test_a_config_round_trips_through_its_plain_form_and_old_checkpoints_complet
         load_config(None, ["model.lstm.hidden_dim=7", "train.lr=0.5"]).to_dict()      # moved, filled in, dropped
 
 
-
-
 def test_a_config_that_extends_another_is_that_config_with_its_own_settings_over_it(tmp_path, capsys):
-    (tmp_path / "base.yaml").write_text("extends: flickr8k_full_soft\ntrain:\n  epochs: 3\n  lr: 0.001\n")
+    (tmp_path / "base.yaml").write_text("extends: configs/flickr8k_full_soft\ntrain:\n  epochs: 3\n  lr: 0.001\n")
     child = tmp_path / "child.yaml"
     child.write_text("extends: base\ntrain:\n  lr: 0.002\n")               # a file beside it, without its .yaml
     assert load_config(child) == load_config("flickr8k_full_soft", ["train.epochs=3", "train.lr=0.002"])
     assert load_config(child, ["train.lr=0.003"]).train.lr == 0.003          # the command line wins over both
-    child.write_text("extends: child\n")
-    with pytest.raises(CaptionerError, match="cannot extend itself"):
+    mine = tmp_path / "flickr8k_full_soft.yaml"                              # one's own file named like the recipe
+    mine.write_text("extends: flickr8k_full_soft.yaml\ntrain:\n  epochs: 2\n")
+    assert load_config(mine) == load_config("flickr8k_full_soft", ["train.epochs=2"])
+    (tmp_path / "base.yaml").write_text("extends: child\n")
+    cycle = r"base.yaml: its 'extends' form a cycle \(.*child.yaml -> .*base.yaml -> .*child.yaml\)"
+    with pytest.raises(CaptionerError, match=cycle):
         load_config(child)
-    child.write_text("extends: no_such_recipe\n")
-    assert "neither a file beside it nor a recipe" in one_line_refusal(capsys, ["config", str(child)])
+    for base, message in [("no_such_recipe", "neither a file beside it nor a recipe"), ("null", "got None"),
+                          ("[a, b]", "names one config file or recipe")]:
+        child.write_text(f"extends: {base}\n")
+        assert message in one_line_refusal(capsys, ["config", str(child)])
     (tmp_path / "base.yaml").write_text("extends: flickr8k_full_soft\ntrain:\n  epoks: 3\n")
     child.write_text("extends: base\n")
     with pytest.raises(CaptionerError, match=r"base.yaml: unknown setting 'train.epoks'"):
         load_config(child)                                                  # an error names the file it is in
 
 
-def test_a_packaged_recipe_that_extends_another_sets_only_what_differs_from_it():
-    from captioner.config import _config_chain, recipes
+def test_an_old_flat_setting_goes_to_the_decoder_a_base_config_names(tmp_path):
+    (tmp_path / "base.yaml").write_text("extends: flickr8k_full_transformer\n")
+    (tmp_path / "child.yaml").write_text("extends: base\nmodel:\n  dropout: 0.1\n")     # before decoders had sections
+    config = load_config(tmp_path / "child.yaml")
+    assert config.model.decoder == "transformer" and config.model.transformer.dropout == 0.1
+    assert config.model.lstm.dropout == load_config("flickr8k_full_transformer").model.lstm.dropout
 
-    extending = {name: path for name, path in recipes().items() if "extends:" in path.read_text()}
+
+def test_a_packaged_recipe_that_extends_another_sets_only_what_differs_from_it():
+    from captioner.config import _config_chain, _read_yaml, recipes
+
+    extending = {name: path for name, path in recipes().items() if "extends" in _read_yaml(path)}
     assert {"flickr8k_full_marginal", "flickr8k_full_hard", "coco_hard"} <= set(extending)
     for name, path in extending.items():
         *bases, (own, _) = _config_chain(path)
-        base_name = path.read_text().split("extends:")[1].split()[0]
+        base_name = _read_yaml(path)["extends"]
         overrides = [f"{key}={json.dumps(value)}" for key, value in flat(own).items()]
         assert load_config(path) == load_config(base_name, overrides)
         stated = {key: value for base, _ in bases for key, value in flat(base).items()}
