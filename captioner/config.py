@@ -335,12 +335,18 @@ def config_file(path: str | Path) -> Path:
     path = Path(path)
     if path.exists():
         return path
-    name = path.name.removesuffix(".yaml")
-    shipped = recipes()
-    if name in shipped and path.parent in (Path("."), Path("configs")):
-        return shipped[name]
-    raise CaptionerError(f"{path}: no such config file, and no recipe of that name (recipes: {', '.join(shipped)}; "
-                         "captioner config --list says what each is)")
+    if shipped := _recipe_named(path):
+        return shipped
+    raise CaptionerError(f"{path}: no such config file, and no recipe of that name (recipes: "
+                         f"{', '.join(recipes())}; captioner config --list says what each is)")
+
+
+def _recipe_named(path: Path) -> Path | None:
+    """The packaged recipe that ``path`` names (``coco_soft``, ``coco_soft.yaml`` or ``configs/coco_soft.yaml``),
+    if any."""
+    if path.parent not in (Path("."), Path("configs")):
+        return None
+    return recipes().get(path.name.removesuffix(".yaml"))
 
 
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> Config:
@@ -368,23 +374,20 @@ def _config_chain(path: Path, below: tuple[Path, ...] = ()) -> list[tuple[dict, 
         base = loaded.pop("extends")
         if not isinstance(base, str) or not base:
             raise CaptionerError(f"{path}: 'extends' names one config file or recipe, got {base!r}")
-        beside = [p for p in (path.parent / base, path.parent / f"{base}.yaml") if p.is_file()]
-        found = next((p for p in beside if p.resolve() not in below), None)
+        candidates = [p for p in (path.parent / base, path.parent / f"{base}.yaml", _recipe_named(Path(base)))
+                      if p is not None and p.is_file()]
+        found = next((p for p in candidates if p.resolve() not in below), None)
+        if found is None and candidates:
+            cycle = " -> ".join(str(p) for p in (*below, candidates[0].resolve()))
+            raise CaptionerError(f"{path}: its 'extends' form a cycle ({cycle})")
         if found is None:
-            name = Path(base).name.removesuffix(".yaml")
-            found = recipes().get(name) if Path(base).parent in (Path("."), Path("configs")) else None
-        if found is None or found.resolve() in below:
-            if found is not None or beside:
-                cycle = " -> ".join(str(p) for p in (*below, (found or beside[0]).resolve()))
-                raise CaptionerError(f"{path}: its 'extends' form a cycle ({cycle})")
             raise CaptionerError(f"{path}: extends {base!r}, which is neither a file beside it nor a recipe "
                                  "(captioner config --list)")
         chain = _config_chain(found, below)
-    decoder = loaded.get("model", {}).get("decoder") if isinstance(loaded.get("model"), dict) else None
-    for base_settings, _ in reversed(chain):         # a base's decoder, where this file names none
-        model = base_settings.get("model")
-        decoder = decoder or (model.get("decoder") if isinstance(model, dict) else None)
-    loaded, moved = translate_legacy(loaded, decoder)
+    # old flat model settings go to this file's decoder, else the nearest base's
+    decoders = [model.get("decoder") for settings, _ in [*chain, (loaded, "")]
+                if isinstance(model := settings.get("model"), dict)]
+    loaded, moved = translate_legacy(loaded, next((d for d in reversed(decoders) if d), None))
     if moved:
         log.warning("%s: settings in their old places were read as %s", path, ", ".join(moved))
     return [*chain, (loaded, str(path))]
