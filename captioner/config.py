@@ -70,8 +70,9 @@ class TrainConfig:
     weight_decay: float = setting(0.0, "Adam L2 penalty", minimum=0)
     grad_clip: float = setting(5.0, "clip the gradient norm to this; 0 = no clipping", minimum=0)
     lr_schedule: str = setting(
-        "none", "none | step | cosine | rsqrt (per step, after the warm-up) | plateau (times lr_gamma after "
-        "lr_patience epochs without a train.metric gain)", choices=("none", "step", "cosine", "rsqrt", "plateau"))
+        "none", "none | step | cosine (to 0 at the run's end, or at scst_after_epoch) | rsqrt (per step, after the "
+        "warm-up) | plateau (times lr_gamma after lr_patience epochs without a train.metric gain)",
+        choices=("none", "step", "cosine", "rsqrt", "plateau"))
     warmup_steps: int = setting(0, "linear warm-up of the learning rate over this many steps", minimum=0)
     lr_step_epochs: int = setting(10, "lr_schedule step: decay every this many epochs", minimum=1)
     lr_gamma: float = setting(0.5, "lr_schedule step or plateau: by this factor", minimum=0)

@@ -313,11 +313,12 @@ def test_hard_attention_run_round_trips_and_compare_writes_report(tiny_coco, tmp
             assert (report_dir / line.split("](")[1].rstrip(")")).exists()
 
 
-def learning_rates(schedule: str, warmup: int, steps: int, steps_per_epoch: int = 10, epochs: int = 3) -> list[float]:
+def learning_rates(schedule: str, warmup: int, steps: int, steps_per_epoch: int = 10, epochs: int = 3,
+                   overrides: tuple[str, ...] = ()) -> list[float]:
     parameter = torch.nn.Parameter(torch.zeros(1))
     optimizer = torch.optim.SGD([parameter], lr=1.0)
     config = load_config(None, [f"train.lr_schedule={schedule}", f"train.warmup_steps={warmup}",
-                                f"train.epochs={epochs}", "train.lr_gamma=0.5", "train.lr_step_epochs=1"])
+                                f"train.epochs={epochs}", "train.lr_gamma=0.5", "train.lr_step_epochs=1", *overrides])
     scheduler = engine.make_scheduler(optimizer, config, steps_per_epoch)
     rates = []
     for _ in range(steps):
@@ -350,6 +351,10 @@ def test_learning_rate_schedules_per_step():
     assert warm[15] == pytest.approx((4 / 16) ** 0.5)                             # then sqrt(warmup / step)
     cosine = learning_rates("cosine", warmup=0, steps=30)
     assert cosine[0] == 1.0 and cosine[15] == pytest.approx(0.5) and cosine[-1] < 0.01
+    # an SCST run's cosine spans its cross-entropy epochs (2 of the 3 here), not the self-critical ones after them
+    before_scst = learning_rates("cosine", warmup=0, steps=20, overrides=("train.objective=scst",
+                                                                         "train.scst_after_epoch=2"))
+    assert before_scst[10] == pytest.approx(0.5) and before_scst[-1] < 0.01
     assert learning_rates("step", warmup=0, steps=21)[::10] == pytest.approx([1.0, 0.5, 0.25])
     with pytest.raises(CaptionerError, match="lr_schedule"):
         learning_rates("linear", warmup=0, steps=1)

@@ -217,12 +217,16 @@ def make_optimizer(model, config: Config) -> torch.optim.Optimizer:
 
 def make_scheduler(optimizer, config: Config, steps_per_epoch: int) -> torch.optim.lr_scheduler.LRScheduler:
     """Per-step learning-rate factor: a linear warm-up over ``train.warmup_steps``, then ``none`` (constant),
-    ``step`` (times ``lr_gamma`` every ``lr_step_epochs``), ``cosine`` (to 0 at the last step), ``rsqrt``
+    ``step`` (times ``lr_gamma`` every ``lr_step_epochs``), ``cosine`` (to 0 at the last step: of the run, or of its
+    cross-entropy epochs where ``train.scst_after_epoch`` ends them, SCST then training at a constant rate), ``rsqrt``
     (``sqrt(warmup_steps / step)``, the Transformer's inverse-square-root decay) or ``plateau`` (constant here: the
     epochs' ends decay it, :func:`decay_on_plateau`)."""
     train = config.train
     kind, warmup = train.lr_schedule, train.warmup_steps
-    total = max(1, train.epochs * steps_per_epoch)
+    epochs = train.epochs
+    if train.objective == "scst" and train.scst_after_epoch:
+        epochs = min(epochs, train.scst_after_epoch)
+    total = max(1, epochs * steps_per_epoch)
     decays = {
         "none": lambda step: 1.0,
         "step": lambda step: train.lr_gamma ** (step // (steps_per_epoch * train.lr_step_epochs)),
