@@ -229,12 +229,19 @@ def merged(record: dict, rows: list[dict]) -> list[dict]:
     return [{"machine": record["machine"], **row} for row in record["result"]["runs"] if row["run"] not in named] + rows
 
 
+def joined_record(name: str | None, merge: bool) -> dict | None:
+    """The saved ``runs`` result ``benchmarks/results/NAME.json`` that new rows join (``--merge``), if any; a stale
+    one ends the script, before the scoring, which takes minutes per run."""
+    if not (name and merge and (saved := RESULTS_DIR / f"{name}.json").exists()):
+        return None
+    record = json.loads(saved.read_text())
+    if reasons := why_stale(record):
+        raise SystemExit(f"{saved}: its runs were made otherwise, new ones cannot join them: {'; '.join(reasons)}")
+    return record
+
+
 def runs(args) -> None:
-    record = None
-    if args.save and args.merge and (saved := RESULTS_DIR / f"{args.save}.json").exists():
-        record = json.loads(saved.read_text())      # checked before the scoring, which takes minutes per run
-        if reasons := why_stale(record):
-            raise SystemExit(f"{saved}: its runs were made otherwise, new ones cannot join them: {'; '.join(reasons)}")
+    record = joined_record(args.save, args.merge)
     rows = [{**scored_run(Path(folder)), "machine": machine_block()} for folder in args.folders]
     if record is not None:
         rows = merged(record, rows)

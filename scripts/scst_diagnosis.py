@@ -12,6 +12,8 @@ on the full Flickr8k with the recipes' (the same for both) and greedily (beam 1,
     python scripts/scst_diagnosis.py runs/diag/xe_ls01 runs/diag/scst_recipe ... --save scst_diagnosis
     python scripts/scst_diagnosis.py --study full runs/flickr8k_full/soft_scst_s0/cross_entropy.pt \
         runs/diag_full/scst_dropout_on ... --save scst_diagnosis_full
+    python scripts/scst_diagnosis.py --study full runs/diag54/cos6_xe01/cross_entropy.pt runs/diag54/cos6_xe01 \
+        --save scst_diagnosis_full --merge
 
 Never commit what the runs write (runs/): the photos are for research use only.
 """
@@ -25,10 +27,10 @@ from pathlib import Path
 
 import torch
 import yaml
-from hard_attention_diagnosis import differences
+from hard_attention_diagnosis import differences, joined_record, merged
 
 from captioner.config import load_config, recipes
-from captioner.results.record import write_result
+from captioner.results.record import machine_block, write_result
 from captioner.workflows.evaluate import evaluate_checkpoint
 from captioner.workflows.report import read_metrics
 
@@ -116,8 +118,13 @@ def main() -> None:
     parser.add_argument("--study", choices=tuple(STUDIES), default="subset",
                         help="which recipes the runs were trained by: the quick subset's or the full Flickr8k's")
     parser.add_argument("--save", metavar="NAME", help="also write benchmarks/results/NAME.json")
+    parser.add_argument("--merge", action="store_true", help="keep the saved result's other runs (each with the "
+                        "machine it was measured on), where they are current; a run of the same name is replaced")
     args = parser.parse_args()
-    rows = [scored_run(Path(run), args.study) for run in args.runs]
+    record = joined_record(args.save, args.merge)
+    rows = [{**scored_run(Path(run), args.study), "machine": machine_block()} for run in args.runs]
+    if record is not None:
+        rows = merged(record, rows)
     if args.save:
         configs, probes = made_by(rows, args.study)
         write_result(args.save, {"runs": rows}, configs=configs, probes=probes)

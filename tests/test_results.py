@@ -261,3 +261,17 @@ def test_runs_merged_into_a_saved_diagnosis_keep_its_others_with_their_machine(m
     assert merged(record, rows) == [{"run": "soft", "machine": {"date": "then"}}, *rows]
     kept = {"machine": {"date": "then"}, "result": {"runs": [{"run": "soft", "machine": {"date": "first"}}]}}
     assert merged(kept, [])[0]["machine"] == {"date": "first"}
+
+
+def test_a_diagnosis_joins_a_saved_result_only_when_asked_and_only_a_current_one(monkeypatch, tmp_path):
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    script = load_script("hard_attention_diagnosis")
+    monkeypatch.setattr(script, "RESULTS_DIR", tmp_path)
+    (tmp_path / "diagnosis.json").write_text(json.dumps({"result": {"runs": []}}))
+    monkeypatch.setattr(script, "why_stale", lambda record: [])
+    assert script.joined_record("diagnosis", merge=False) is None
+    assert script.joined_record("another", merge=True) is None
+    assert script.joined_record("diagnosis", merge=True) == {"result": {"runs": []}}
+    monkeypatch.setattr(script, "why_stale", lambda record: ["flickr8k_full_soft changed"])
+    with pytest.raises(SystemExit, match="flickr8k_full_soft changed"):
+        script.joined_record("diagnosis", merge=True)

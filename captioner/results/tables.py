@@ -256,7 +256,8 @@ def scst_diagnosis(result: dict) -> list[str]:
     """Cross-entropy starts and the SCST runs made from them (``scripts/scst_diagnosis.py``): what each changed,
     validation CIDEr per epoch, the SCST samples of its last epoch (mean reward, share cut at the length limit), and
     its best checkpoint on the validation photos with each decoding (the subset: the cross-entropy recipe's and the
-    SCST recipe's; the full Flickr8k: the recipes' and greedy), a row each, the run's own cells on its first."""
+    SCST recipe's; the full Flickr8k: the recipes' and greedy), a row each, the run's own cells on its first, with
+    the date of a run that joined the result later (``--merge``)."""
     lines = header("run", "differs from its recipe", "starts from", "val CIDEr by epoch (subset)",
                    "last epoch's samples: reward, cut", "decoding", "BLEU-4", "METEOR", "CIDEr", "distinct",
                    "words used", "mean length", "dangling end")
@@ -269,8 +270,9 @@ def scst_diagnosis(result: dict) -> list[str]:
         if run.get("init_from"):
             init = Path(run["init_from"])
             start = f"`{init.parent.name}`" if init.name == "best.pt" else f"`{init.parent.name}/{init.name}`"
+        measured = f" ({run['machine']['date'][:10]})" if "machine" in run else ""     # runs merged later
         for first, (mode, scored) in zip((True, False), run["decoded"].items()):
-            named = (f"`{run['run']}`", ", ".join(f"`{c}`" for c in changes) or "–", start,
+            named = (f"`{run['run']}`{measured}", ", ".join(f"`{c}`" for c in changes) or "–", start,
                      ", ".join(number(point["CIDEr"]) for point in run["val_curve"]),
                 f"{number(samples['reward'])}, {number(samples['cut_share'], 2)}" if samples else "–")
             lines.append(row(*(named if first else ("",) * 5), mode if mode == "greedy" else f"`{mode}`'s",
