@@ -272,6 +272,8 @@ def main() -> None:
     scored.add_argument("--merge", action="store_true", help="keep the saved result's other runs (each with the "
                         "machine it was measured on), where they are current; a run of the same name is replaced")
     args = parser.parse_args()
+    if getattr(args, "merge", False) and not args.save:
+        parser.error("--merge joins the result named by --save: give --save NAME")
     {"snr": snr, "decode": decode, "runs": runs}[args.command](args)
 
 

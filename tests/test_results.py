@@ -275,3 +275,12 @@ def test_a_diagnosis_joins_a_saved_result_only_when_asked_and_only_a_current_one
     monkeypatch.setattr(script, "why_stale", lambda record: ["flickr8k_full_soft changed"])
     with pytest.raises(SystemExit, match="flickr8k_full_soft changed"):
         script.joined_record("diagnosis", merge=True)
+
+
+def test_a_diagnosis_table_dates_its_runs_only_where_they_were_measured_on_several_days():
+    from captioner.results.tables import measured_on
+    one_day = {"runs": [{"machine": {"date": "2026-11-28 20:32 UTC"}}, {"machine": {"date": "2026-11-28 21:05 UTC"}}]}
+    assert measured_on(one_day["runs"][0], one_day) == ""
+    two_days = {"runs": [*one_day["runs"], {"machine": {"date": "2026-11-29 15:18 UTC"}}]}
+    assert [measured_on(run, two_days) for run in two_days["runs"]] == [" (2026-11-28)", " (2026-11-28)",
+                                                                         " (2026-11-29)"]

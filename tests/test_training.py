@@ -355,6 +355,10 @@ def test_learning_rate_schedules_per_step():
     before_scst = learning_rates("cosine", warmup=0, steps=20, overrides=("train.objective=scst",
                                                                          "train.scst_after_epoch=2"))
     assert before_scst[10] == pytest.approx(0.5) and before_scst[-1] < 0.01
+    # all 3 epochs where SCST starts later than the run ends, from the first epoch, or the run is not SCST
+    for overrides in (("train.objective=scst", "train.scst_after_epoch=5"), ("train.objective=scst",
+                      "train.scst_after_epoch=0"), ("train.objective=xe", "train.scst_after_epoch=2")):
+        assert learning_rates("cosine", warmup=0, steps=16, overrides=overrides)[15] == pytest.approx(0.5)
     assert learning_rates("step", warmup=0, steps=21)[::10] == pytest.approx([1.0, 0.5, 0.25])
     with pytest.raises(CaptionerError, match="lr_schedule"):
         learning_rates("linear", warmup=0, steps=1)

@@ -167,16 +167,23 @@ def hard_attention_snr(result: dict) -> list[str]:
     return lines
 
 
+def measured_on(run: dict, result: dict) -> str:
+    """`` (YYYY-MM-DD)``, the day ``run`` was measured on, where the runs of ``result`` were measured on more than
+    one day (rows that joined it later, ``--merge``); else nothing."""
+    days = {r["machine"]["date"][:10] for r in result["runs"] if "machine" in r}
+    return f" ({run['machine']['date'][:10]})" if len(days) > 1 and "machine" in run else ""
+
+
 def hard_attention_runs(result: dict) -> list[str]:
     """Hard-attention variants and their soft control at one budget (``scripts/hard_attention_diagnosis.py
     runs``): what each changed, validation CIDEr per epoch, and the best checkpoint on all validation photos and on
-    coco-mini with each decoding (a row each; the run's own cells on its first), with the date of a row that
-    joined the result later (``--merge``)."""
+    coco-mini with each decoding (a row each; the run's own cells on its first), with the day of each run where
+    they were measured on several (:func:`measured_on`)."""
     lines = header("run", "differs from the shipped recipe", "val CIDEr by epoch (subset)", "decoding", "BLEU-4",
                    "METEOR", "CIDEr", "distinct", "words used", "entropy", "coco-mini pointing (uniform, centre)")
     for run in result["runs"]:
         changes = ", ".join(f"`{c}`" for c in run["changes"] if not c.startswith(("train.epochs", "train.val_max_images")))
-        measured = f" ({run['machine']['date'][:10]})" if "machine" in run else ""     # rows merged later
+        measured = measured_on(run, result)
         for first, (mode, scored) in zip((True, False, False), run["decoded"].items()):
             named = (f"`{run['run']}`{measured}", changes or "–",
                      ", ".join(number(point["CIDEr"]) for point in run["val_curve"]))
@@ -257,7 +264,7 @@ def scst_diagnosis(result: dict) -> list[str]:
     validation CIDEr per epoch, the SCST samples of its last epoch (mean reward, share cut at the length limit), and
     its best checkpoint on the validation photos with each decoding (the subset: the cross-entropy recipe's and the
     SCST recipe's; the full Flickr8k: the recipes' and greedy), a row each, the run's own cells on its first, with
-    the date of a run that joined the result later (``--merge``)."""
+    the day of each run where they were measured on several (:func:`measured_on`)."""
     lines = header("run", "differs from its recipe", "starts from", "val CIDEr by epoch (subset)",
                    "last epoch's samples: reward, cut", "decoding", "BLEU-4", "METEOR", "CIDEr", "distinct",
                    "words used", "mean length", "dangling end")
@@ -270,7 +277,7 @@ def scst_diagnosis(result: dict) -> list[str]:
         if run.get("init_from"):
             init = Path(run["init_from"])
             start = f"`{init.parent.name}`" if init.name == "best.pt" else f"`{init.parent.name}/{init.name}`"
-        measured = f" ({run['machine']['date'][:10]})" if "machine" in run else ""     # runs merged later
+        measured = measured_on(run, result)
         for first, (mode, scored) in zip((True, False), run["decoded"].items()):
             named = (f"`{run['run']}`{measured}", ", ".join(f"`{c}`" for c in changes) or "–", start,
                      ", ".join(number(point["CIDEr"]) for point in run["val_curve"]),
