@@ -231,8 +231,10 @@ def merged(record: dict, rows: list[dict]) -> list[dict]:
 
 def joined_record(name: str | None, merge: bool) -> dict | None:
     """The saved ``runs`` result ``benchmarks/results/NAME.json`` that new rows join (``--merge``), if any; a stale
-    one ends the script, before the scoring, which takes minutes per run."""
-    if not (name and merge and (saved := RESULTS_DIR / f"{name}.json").exists()):
+    one ends the script, before the scoring, which takes minutes per run; so does ``merge`` without a ``name``."""
+    if merge and not name:
+        raise SystemExit("--merge joins the result named by --save: give --save NAME")
+    if not (merge and (saved := RESULTS_DIR / f"{name}.json").exists()):
         return None
     record = json.loads(saved.read_text())
     if reasons := why_stale(record):
@@ -272,8 +274,6 @@ def main() -> None:
     scored.add_argument("--merge", action="store_true", help="keep the saved result's other runs (each with the "
                         "machine it was measured on), where they are current; a run of the same name is replaced")
     args = parser.parse_args()
-    if getattr(args, "merge", False) and not args.save:
-        parser.error("--merge joins the result named by --save: give --save NAME")
     {"snr": snr, "decode": decode, "runs": runs}[args.command](args)
 
 

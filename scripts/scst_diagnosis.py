@@ -121,8 +121,6 @@ def main() -> None:
     parser.add_argument("--merge", action="store_true", help="keep the saved result's other runs (each with the "
                         "machine it was measured on), where they are current; a run of the same name is replaced")
     args = parser.parse_args()
-    if getattr(args, "merge", False) and not args.save:
-        parser.error("--merge joins the result named by --save: give --save NAME")
     record = joined_record(args.save, args.merge)
     if record is not None and (others := {r["recipe"] for r in record["result"]["runs"]} - set(STUDIES[args.study])):
         raise SystemExit(f"{args.save}: its runs were trained by {', '.join(sorted(others))}, not by --study "

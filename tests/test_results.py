@@ -271,6 +271,8 @@ def test_a_diagnosis_joins_a_saved_result_only_when_asked_and_only_a_current_one
     monkeypatch.setattr(script, "why_stale", lambda record: [])
     assert script.joined_record("diagnosis", merge=False) is None
     assert script.joined_record("another", merge=True) is None
+    with pytest.raises(SystemExit, match="give --save NAME"):
+        script.joined_record(None, merge=True)
     assert script.joined_record("diagnosis", merge=True) == {"result": {"runs": []}}
     monkeypatch.setattr(script, "why_stale", lambda record: ["flickr8k_full_soft changed"])
     with pytest.raises(SystemExit, match="flickr8k_full_soft changed"):
