@@ -45,7 +45,8 @@ from captioner.config import load_config, recipes
 from captioner.core.console import LOG_FORMAT
 from captioner.errors import CaptionerError
 from captioner.results.fingerprint import ConfigRef, probe_name
-from captioner.results.record import RESULTS_DIR, add_entry
+from captioner.results.record import RESULTS_DIR, add_entry, why_stale
+from captioner.results.record import made_by as made_by_now
 from captioner.workflows.report import read_metrics
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -102,6 +103,8 @@ def run(kind: str, seed: int, ablation: bool, extra: list[str], resume: bool = F
     out = RUNS / (name if not extra else f"{name}_{trial or 'trial'}")
     overrides = [*(ABLATION[kind] if ablation else []), f"run.seed={seed}", f"run.out={out}", *extra]
     config = load_config(recipe, overrides)
+    key, probes = made_by(kind, ablation, extra)
+    made = made_by_now([key], probes)       # the settings and probes that make its numbers, as it starts
     ensure_features(recipe, config.data.features, [], ["train", "val"])
     started, cpu_started = time.perf_counter(), time.process_time()
     trained = train(config, resume=resume, overwrite=not resume)
@@ -149,7 +152,9 @@ def run(kind: str, seed: int, ablation: bool, extra: list[str], resume: bool = F
         # beside the runs saved before (its table: results.tables); the study's runs made otherwise refuse it
         # (--restart), a trial's result drops them
         (out / "study_entry.json").write_text(json.dumps(result, indent=1))
-        key, probes = made_by(kind, ablation, extra)
+        if changed := why_stale(made):
+            raise SystemExit(f"{out}: what makes its numbers changed while it trained ({'; '.join(changed)}): they "
+                             f"are in {out / 'study_entry.json'}, not saved; train it again")
         add_entry(save or RESULTS, "runs", f"{name}_{trial}" if save else name, result, configs=[key], probes=probes,
                   keep_stale=not save)
     return result
