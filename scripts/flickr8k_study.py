@@ -46,7 +46,7 @@ from captioner.core.console import LOG_FORMAT
 from captioner.errors import CaptionerError
 from captioner.results.fingerprint import ConfigRef, probe_name
 from captioner.results.record import RESULTS_DIR, add_entry, why_stale
-from captioner.results.record import made_by as made_by_now
+from captioner.results.record import made_by as record_made_by
 from captioner.workflows.report import read_metrics
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -104,7 +104,7 @@ def run(kind: str, seed: int, ablation: bool, extra: list[str], resume: bool = F
     overrides = [*(ABLATION[kind] if ablation else []), f"run.seed={seed}", f"run.out={out}", *extra]
     config = load_config(recipe, overrides)
     key, probes = made_by(kind, ablation, extra)
-    made = made_by_now([key], probes)       # the settings and probes that make its numbers, as it starts
+    made = record_made_by([key], probes)       # the settings and probes that make its numbers, as it starts
     ensure_features(recipe, config.data.features, [], ["train", "val"])
     started, cpu_started = time.perf_counter(), time.process_time()
     trained = train(config, resume=resume, overwrite=not resume)
