@@ -28,7 +28,7 @@ from captioner.config import Config, apply_overrides, complete
 from captioner.core.files import atomic_write, file_sha256
 from captioner.data.config import DataConfig
 from captioner.data.shapes import annotation_info, is_shapes
-from captioner.data.vocabulary import Vocabulary
+from captioner.data.vocabulary import Vocabulary, with_training_counts
 from captioner.errors import CaptionerError
 from captioner.export.folder import CONFIG, is_export, read_export
 from captioner.models.captioner import Captioner, build_captioner
@@ -194,8 +194,17 @@ def build_checkpoint_model(payload: dict, path: str | Path, overrides: Sequence[
                            ) -> tuple[Captioner, Vocabulary, Config]:
     """``(model, vocab, config)`` of a loaded checkpoint (:func:`load_checkpoint`), its weights as they were
     trained (the encoder not yet prepared for inference), on the CPU; ``path`` names it in errors."""
-    vocab = Vocabulary.from_dict(payload["vocab"])
+    try:
+        vocab = Vocabulary.from_dict(payload["vocab"])
+    except (KeyError, TypeError, ValueError) as err:
+        raise CaptionerError(f"{path}: its vocabulary is malformed ({type(err).__name__}: {err})") from None
     config = apply_overrides(complete(payload["config"]), overrides)
+    if config.decode.logit_adjustment and vocab.counts is None:     # saved before vocabularies kept their counts
+        try:
+            vocab = with_training_counts(vocab, config.data)
+        except CaptionerError as err:
+            raise CaptionerError(f"{path}: decode.logit_adjustment needs its training words' counts, which it was "
+                                 f"saved without, and its training captions cannot be read ({err})") from None
     try:
         model = build_model(config, len(vocab), pretrained=False)
     except (ValueError, KeyError, TypeError, CaptionerError) as err:

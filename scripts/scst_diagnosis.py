@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -42,24 +43,39 @@ LENGTH_AND_START = ("train.epochs=", "train.val_max_images=", "train.init_from="
                     "train.early_stopping=", "data.features=", "data.max_val_images=")
 
 
-def decodings(study: str) -> dict[str, dict]:
+ADJUSTED = ", logit adjustment "
+"""The name of a decoding with ``decode.logit_adjustment``: the cross-entropy recipe's, ADJUSTED, then tau."""
+
+
+def decodings(study: str, adjustments: Sequence[float] = ()) -> dict[str, dict]:
     """The decodings each checkpoint of ``study`` is scored with. The subset: its cross-entropy recipe's
     ``decode`` section and its SCST recipe's. The full Flickr8k, whose two recipes decode alike: theirs, and
-    ``greedy`` (beam 1 without the blocking and ending rules: the policy's own mode)."""
+    ``greedy`` (beam 1 without the blocking and ending rules: the policy's own mode). Then for each tau of
+    ``adjustments``, the cross-entropy recipe's with ``decode.logit_adjustment`` tau."""
+    xe_recipe, scst_recipe = STUDIES[study]
     xe, scst = (load_config(recipes()[name]).to_dict()["decode"] for name in STUDIES[study])
     if study == "subset":
-        return {STUDIES[study][0]: xe, STUDIES[study][1]: scst}
-    return {STUDIES[study][0]: xe, "greedy": {**xe, "beam": 1, "block_ngram": 0, "no_dangling_end": False}}
+        found = {xe_recipe: xe, scst_recipe: scst}
+    else:
+        found = {xe_recipe: xe, "greedy": {**xe, "beam": 1, "block_ngram": 0, "no_dangling_end": False}}
+    return found | {f"{xe_recipe}{ADJUSTED}{tau:g}": {**xe, "logit_adjustment": tau} for tau in adjustments}
+
+
+def decoding(name: str, study: str) -> dict:
+    """The ``decode`` section of the decoding ``name`` of :func:`decodings`."""
+    tau = [float(name.split(ADJUSTED)[1])] if ADJUSTED in name else []
+    return decodings(study, tau)[name]
 
 
 def decode_overrides(decode: dict) -> list[str]:
     return [f"decode.{key}={json.dumps(value)}" for key, value in decode.items()]
 
 
-def scored_run(path: Path, study: str) -> dict:
+def scored_run(path: Path, study: str, adjustments: Sequence[float] = ()) -> dict:
     """One finished run (a folder: its ``best.pt``; or one checkpoint of a run, such as an SCST run's
     ``cross_entropy.pt``): its changes against its recipe, its validation curve (up to the checkpoint's epoch) and
-    SCST statistics, and the checkpoint on all validation photos with each of :func:`decodings`."""
+    SCST statistics, and the checkpoint on all validation photos with each of :func:`decodings` (``adjustments``:
+    its logit adjustments)."""
     folder, checkpoint = (path.parent, path) if path.suffix == ".pt" else (path, path / "best.pt")
     config = yaml.safe_load((folder / "config.yaml").read_text())
     xe, scst = STUDIES[study]
@@ -78,22 +94,22 @@ def scored_run(path: Path, study: str) -> dict:
     if sampled:
         row["last_epoch_samples"] = {key: round(sum(r[key] for r in sampled) / len(sampled), 4)
                                      for key in ("reward", "cut_share", "caption_length", "sample_entropy")}
-    for decoding, decode in decodings(study).items():
+    for mode, decode in decodings(study, adjustments).items():
         prefix = "val" if checkpoint.name == "best.pt" else f"val_{checkpoint.stem}"
-        scored = folder / f"{prefix}_{decoding}" / "scores_val.json"
+        scored = folder / f"{prefix}_{mode.replace(ADJUSTED, '_logit_adjustment_')}" / "scores_val.json"
         scores = json.loads(scored.read_text()) if scored.exists() else None
         if not scores or scores["decode"] != decode or scored.stat().st_mtime < checkpoint.stat().st_mtime:
             # not scored with this decoding since the checkpoint was written
             scores = evaluate_checkpoint(checkpoint, "val", out_dir=scored.parent, progress=False,
                                          overrides=["data.max_val_images=null", *decode_overrides(decode)])
         diversity = scores["diversity"]
-        row["decoded"][decoding] = {
+        row["decoded"][mode] = {
             "images": scores["images"], **{k: round(scores[k], 4) for k in ("BLEU-4", "METEOR", "CIDEr")},
             "distinct_captions": round(diversity["distinct_captions"], 4),
             "vocabulary_used": diversity["vocabulary_used"], "mean_length": round(diversity["mean_length"], 2),
             "dangling_end": round(diversity["dangling_end"], 4),
             "repeated_bigram": round(diversity["repeated_bigram"], 4)}
-        print(json.dumps({"run": name, "decoding": decoding, **row["decoded"][decoding]}), flush=True)
+        print(json.dumps({"run": row["run"], "decoding": mode, **row["decoded"][mode]}), flush=True)
     return row
 
 
@@ -105,9 +121,9 @@ def made_by(rows: list[dict], study: str) -> tuple[list[str], list[str]]:
         changes = [c for c in row["changes"] if not c.startswith((*LENGTH_AND_START, "decode."))]
         configs.append(" ".join([row["recipe"], *changes]))
     configs = list(dict.fromkeys(configs))
+    names = dict.fromkeys(name for row in rows for name in row["decoded"])
     probes = ["text", "metrics", *(f"train {config}" for config in configs),
-              *(" ".join(["decode", STUDIES[study][0], *decode_overrides(decode)])
-                for decode in decodings(study).values())]
+              *(" ".join(["decode", STUDIES[study][0], *decode_overrides(decoding(name, study))]) for name in names)]
     return configs, probes
 
 
@@ -118,6 +134,8 @@ def main() -> None:
     parser.add_argument("--study", choices=tuple(STUDIES), default="subset",
                         help="which recipes the runs were trained by: the quick subset's or the full Flickr8k's")
     parser.add_argument("--save", metavar="NAME", help="also write benchmarks/results/NAME.json")
+    parser.add_argument("--logit-adjustment", type=float, nargs="+", default=[], metavar="TAU",
+                        help="also decode with the cross-entropy recipe's decoding and decode.logit_adjustment TAU")
     parser.add_argument("--merge", action="store_true", help="keep the saved result's other runs (each with the "
                         "machine it was measured on), where they are current; a run of the same name is replaced")
     args = parser.parse_args()
@@ -125,7 +143,8 @@ def main() -> None:
     if record is not None and (others := {r["recipe"] for r in record["result"]["runs"]} - set(STUDIES[args.study])):
         raise SystemExit(f"{args.save}: its runs were trained by {', '.join(sorted(others))}, not by --study "
                          f"{args.study}'s recipes; new runs cannot join them")
-    rows = [{**scored_run(Path(run), args.study), "machine": machine_block()} for run in args.runs]
+    rows = [{**scored_run(Path(run), args.study, args.logit_adjustment), "machine": machine_block()}
+            for run in args.runs]
     if record is not None:
         rows = merged(record, rows)
     if args.save:

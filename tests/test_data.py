@@ -34,6 +34,23 @@ def test_vocabulary_min_count_specials_and_round_trip():
     assert restored == vocab and restored.index == vocab.index
 
 
+def test_vocabulary_counts_the_training_words_and_keeps_them():
+    captions = ["a red circle", "a red square", "a blue circle", "zebra"]
+    vocab = Vocabulary.build(captions, min_count=2)
+    counted = dict(zip(vocab.words, vocab.counts))
+    assert counted == {"<pad>": 0, "<start>": 0, "<end>": 4, "<unk>": 3, "a": 3, "red": 2, "circle": 2}
+    assert Vocabulary.from_dict(json.loads(json.dumps(vocab.to_dict()))).counts == vocab.counts
+    prior = vocab.log_prior().exp()
+    assert prior.sum() == pytest.approx(1.0)                          # of 14 counted, <pad> and <start> as 1 each
+    assert prior[vocab.index["a"]] == pytest.approx(3 / 16) and prior[vocab.index["<end>"]] == pytest.approx(4 / 16)
+    plain = Vocabulary(vocab.words)                                   # as a checkpoint of an earlier version
+    assert plain == vocab and plain.counts is None and "counts" not in plain.to_dict()
+    with pytest.raises(CaptionerError, match="without its training counts"):
+        plain.log_prior()
+    with pytest.raises(ValueError, match="one per word"):
+        Vocabulary(vocab.words, [1, 2])
+
+
 def test_vocabulary_max_length_and_max_size():
     vocab = Vocabulary.build(["a b c d e f"] * 3, min_count=1, max_size=6)
     assert len(vocab) == 6

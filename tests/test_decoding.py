@@ -10,7 +10,9 @@ import torch
 
 from captioner.data.vocabulary import Vocabulary
 from captioner.decoding.ensemble import EnsembleDecoder
-from captioner.decoding.search import DecodeConfig, TokenRules, beam_search, decode, greedy, sample_captions, seeded_uniforms
+from captioner.decoding.search import (DecodeConfig, PriorAdjusted, TokenRules, beam_search, decode, greedy,
+                                      sample_captions, seeded_uniforms)
+from captioner.errors import CaptionerError
 from captioner.evaluation.diversity import diversity_measures
 from captioner.models.lstm_decoder import LSTMDecoder, LSTMDecoderConfig
 from captioner.models.transformer_decoder import TransformerDecoder, TransformerDecoderConfig
@@ -193,6 +195,54 @@ def test_a_mixed_ensemble_averages_probabilities():
     torch.testing.assert_close(mixed.exp(), (a.exp() + b.exp()) / 2)
     torch.testing.assert_close(attention["alpha"], alpha["alpha"])            # the first member's maps
     assert len(beam_search(ensemble, features(3), beam=2, max_length=5, rules=RULES)) == 3
+
+
+def counted(counts: list[int]) -> Vocabulary:
+    return Vocabulary(VOCAB.words, [0, 0] + counts + [1] * (len(VOCAB) - 2 - len(counts)))
+
+
+@pytest.mark.parametrize("decode_config", [DecodeConfig(beam=1), DecodeConfig(beam=3), DecodeConfig(method="sample")],
+                         ids=["greedy", "beam", "sample"])
+def test_logit_adjustment_divides_by_the_training_prior(decode_config):
+    decoder, image = fond_of(lstm(), 4, bonus=4.0), features(4)
+    plain = decode(decoder, image, counted([5] * 28), decode_config)
+    uniform = decode(decoder, image, counted([5] * 28), replace(decode_config, logit_adjustment=1.0))
+    assert [g.tokens for g in uniform] == [g.tokens for g in plain]        # a flat prior changes nothing
+    frequent = counted([5, 5, 10**6] + [5] * 25)                        # word 4 seen a million times
+    assert sum(g.tokens.count(4) for g in plain) > 0
+    adjusted = decode(decoder, image, frequent, replace(decode_config, logit_adjustment=1.0))
+    assert sum(g.tokens.count(4) for g in adjusted) == 0
+    with pytest.raises(CaptionerError, match="without its training counts"):
+        decode(decoder, image, VOCAB, replace(decode_config, logit_adjustment=1.0))
+
+
+def test_logit_adjustment_is_the_shifted_softmax_by_hand():
+    decoder, vocab, tau = lstm(), counted(list(range(1, 29))), 0.7
+    adjusted = PriorAdjusted(decoder, vocab.log_prior(), tau, never=(VOCAB.pad_index, VOCAB.start_index))
+    torch.set_grad_enabled(False)
+    state = decoder.init_state(features(2))
+    log_probs, _, _ = decoder.step(torch.tensor([VOCAB.start_index] * 2), state)
+    shifted, _, _ = adjusted.step(torch.tensor([VOCAB.start_index] * 2), decoder.init_state(features(2)))
+    torch.set_grad_enabled(True)
+    by_hand = log_probs.exp() / vocab.log_prior().exp() ** tau
+    by_hand[:, [VOCAB.pad_index, VOCAB.start_index]] = 0.0
+    assert shifted.exp() == pytest.approx((by_hand / by_hand.sum(dim=1, keepdim=True)), abs=1e-6)
+
+
+def test_a_checkpoint_saved_without_counts_takes_them_from_its_training_captions(served_checkpoints):
+    from captioner.checkpoint import build_checkpoint_model, load_checkpoint
+
+    path = served_checkpoints["soft"]
+    payload = load_checkpoint(path)
+    assert len(payload["vocab"]["counts"]) == len(payload["vocab"]["words"])    # a run keeps them
+    older = {**payload, "vocab": {"words": payload["vocab"]["words"]}}
+    assert build_checkpoint_model(older, path)[1].counts is None
+    _, vocab, _ = build_checkpoint_model(older, path, ["decode.logit_adjustment=0.5"])
+    assert vocab.counts == payload["vocab"]["counts"]
+    for counts in (["many"] * len(vocab), [-1] * len(vocab), [1, 2], {"a": 1}):
+        hostile = {**payload, "vocab": {**payload["vocab"], "counts": counts}}
+        with pytest.raises(CaptionerError, match="its vocabulary is malformed"):
+            build_checkpoint_model(hostile, path)
 
 
 def test_diversity_measures_by_hand():

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from captioner.config import load_config, recipes
 from captioner.errors import CaptionerError
 from captioner.results import fingerprint
 from captioner.results.record import add_entry, load_results, made_by, result_settings, save, why_stale, write_result
@@ -286,3 +287,17 @@ def test_a_diagnosis_table_dates_its_runs_only_where_they_were_measured_on_sever
     two_days = {"runs": [*one_day["runs"], {"machine": {"date": "2026-11-29 15:18 UTC"}}]}
     assert [measured_on(run, two_days) for run in two_days["runs"]] == [" (2026-11-28)", " (2026-11-28)",
                                                                          " (2026-11-29)"]
+
+
+def test_an_scst_diagnosis_keys_each_decoding_it_scored_by_its_settings(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    script = load_script("scst_diagnosis")
+    recipe = load_config(recipes()["flickr8k_full_soft"]).to_dict()["decode"]
+    adjusted = "flickr8k_full_soft, logit adjustment 0.3"
+    assert list(script.decodings("full", [0.3])) == ["flickr8k_full_soft", "greedy", adjusted]
+    assert script.decoding(adjusted, "full") == {**recipe, "logit_adjustment": 0.3}
+    row = {"changes": [], "recipe": "flickr8k_full_soft", "decoded": {"flickr8k_full_soft": {}, adjusted: {}}}
+    _, probes = script.made_by([row], "full")
+    assert [p for p in probes if p.startswith("decode")] == [
+        " ".join(["decode", "flickr8k_full_soft", *script.decode_overrides(decode)])
+        for decode in (recipe, {**recipe, "logit_adjustment": 0.3})]

@@ -7,6 +7,8 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
+import torch
+
 from captioner.core.files import read_json, write_file
 from captioner.data.config import DataConfig
 from captioner.data.readers import read_split
@@ -19,33 +21,43 @@ class Vocabulary:
     """Word <-> index mapping with ``<pad>=0, <start>=1, <end>=2, <unk>=3``.
 
     ``words`` is the full ordered list (specials first); it is all a checkpoint needs to restore the
-    mapping exactly (see :meth:`to_dict` / :meth:`from_dict`).
+    mapping exactly (see :meth:`to_dict` / :meth:`from_dict`). ``counts``, when known, is each word's count in
+    the training captions (``<end>``: one per caption; ``<unk>``: the words left out), for :meth:`log_prior`.
     """
 
     pad_index, start_index, end_index, unk_index = PAD_INDEX, START_INDEX, END_INDEX, UNK_INDEX
 
-    def __init__(self, words: Sequence[str]):
+    def __init__(self, words: Sequence[str], counts: Sequence[int] | None = None):
         if tuple(words[:4]) != SPECIALS:
             raise ValueError(f"a vocabulary must start with {SPECIALS}, got {tuple(words[:4])}")
         if len(set(words)) != len(words):
             raise ValueError("vocabulary words must be unique")
+        if counts is not None and (len(counts) != len(words) or any(int(c) < 0 for c in counts)):
+            raise ValueError(f"vocabulary counts must be {len(words)} non-negative numbers, one per word")
         self.words = list(words)
+        self.counts = None if counts is None else [int(c) for c in counts]
         self.index = {word: i for i, word in enumerate(self.words)}
 
     @classmethod
     def build(cls, captions: Iterable[str], min_count: int = 5, max_size: int | None = None) -> "Vocabulary":
         """Keep the words seen at least ``min_count`` times, most frequent first (ties alphabetical),
         at most ``max_size`` words in all (specials included)."""
-        return cls.from_counts(Counter(token for caption in captions for token in tokenize(caption)), min_count, max_size)
+        counts, number = Counter(), 0
+        for caption in captions:
+            counts.update(tokenize(caption))
+            number += 1
+        return cls.from_counts(counts, min_count, max_size, captions=number)
 
     @classmethod
-    def from_counts(cls, counts: Mapping[str, int], min_count: int = 5, max_size: int | None = None) -> "Vocabulary":
-        """:meth:`build` from the words' counts."""
+    def from_counts(cls, counts: Mapping[str, int], min_count: int = 5, max_size: int | None = None,
+                    captions: int = 0) -> "Vocabulary":
+        """:meth:`build` from the words' counts and the number of ``captions`` they came from."""
         kept = sorted((w for w, c in counts.items() if c >= min_count and w not in SPECIALS),
                       key=lambda w: (-counts[w], w))
         if max_size is not None:
             kept = kept[: max(0, max_size - len(SPECIALS))]
-        return cls(list(SPECIALS) + kept)
+        left_out = sum(counts.values()) - sum(counts[w] for w in kept)
+        return cls(list(SPECIALS) + kept, [0, 0, captions, left_out] + [counts[w] for w in kept])
 
     def __len__(self) -> int:
         return len(self.words)
@@ -74,16 +86,24 @@ class Vocabulary:
             out.append(self.words[i])
         return out
 
+    def log_prior(self) -> torch.Tensor:
+        """(V,) the log of each word's share of the training words (``<end>`` included; a word never counted
+        as if counted once)."""
+        if self.counts is None:
+            raise CaptionerError("this vocabulary was saved without its training counts")
+        counts = torch.tensor(self.counts, dtype=torch.float64).clamp(min=1)
+        return (counts / counts.sum()).log().float()
+
     def to_dict(self) -> dict:
-        return {"words": list(self.words)}
+        return {"words": list(self.words)} | ({"counts": list(self.counts)} if self.counts is not None else {})
 
     @classmethod
     def from_dict(cls, state: dict) -> "Vocabulary":
-        return cls(state["words"])
+        return cls(state["words"], state.get("counts"))
 
 
 def save_vocabulary(vocab: Vocabulary, path: str | Path) -> None:
-    """Write ``{"words": [...]}`` as JSON (atomically; a failed write names ``path``)."""
+    """Write ``{"words": [...], "counts": [...]}`` as JSON (atomically; a failed write names ``path``)."""
     write_file(path, json.dumps(vocab.to_dict(), ensure_ascii=False))
 
 
@@ -105,6 +125,18 @@ def training_vocabulary(data_config: DataConfig, train_records) -> Vocabulary:
                             data_config.vocab_max_size)
 
 
+def with_training_counts(vocab: Vocabulary, data_config: DataConfig) -> Vocabulary:
+    """``vocab`` with its words' counts in the train captions of ``data_config``: for a vocabulary saved without
+    them (a checkpoint of an earlier version, a vocabulary file)."""
+    counts, captions = Counter(), 0
+    for record in read_split(data_config, "train"):
+        for caption in record.captions:
+            counts.update(tokenize(caption))
+            captions += 1
+    known = [counts[word] for word in vocab.words[len(SPECIALS):]]
+    return Vocabulary(vocab.words, [0, 0, captions, sum(counts.values()) - sum(known)] + known)
+
+
 def vocabulary_report(data_config: DataConfig, out: str | Path | None = None) -> dict:
     """Build the vocabulary of the train split (``data.vocab_min_count``, ``data.vocab_max_size``), write it to
     ``out`` (default ``data.vocab``) and report its size, token coverage and caption lengths."""
@@ -117,7 +149,8 @@ def vocabulary_report(data_config: DataConfig, out: str | Path | None = None) ->
             tokens = tokenize(caption)
             counts.update(tokens)
             lengths.append(len(tokens))
-    vocab = Vocabulary.from_counts(counts, data_config.vocab_min_count, data_config.vocab_max_size)
+    vocab = Vocabulary.from_counts(counts, data_config.vocab_min_count, data_config.vocab_max_size,
+                                   captions=len(lengths))
     covered = sum(n for word, n in counts.items() if word in vocab.index)
     lengths.sort()
     save_vocabulary(vocab, out)

@@ -45,6 +45,9 @@ class DecodeConfig:
     diversity: float = setting(0.5, "diverse beam search: penalty per earlier group that chose the same word at a step",
                                minimum=0)
     n_best: int = setting(1, "finished beams kept per image (Generation.beams), best first", minimum=1)
+    logit_adjustment: float = setting(0.0, "tau: each word's log-probability less tau times the log of its share of "
+                                      "the training words (Menon et al. 2021), renormalised: rarer words favoured; "
+                                      "0 = off", minimum=0)
     temperature: float = setting(1.0, "sampling: softmax temperature", above=0)
     top_k: int = setting(0, "sampling: only the k most likely words; 0 = all", minimum=0)
     top_p: float = setting(1.0, "sampling: only the most likely words whose probabilities sum to p (nucleus)",
@@ -391,6 +394,26 @@ def _choose(scores: torch.Tensor, log_probs: torch.Tensor, finished: torch.Tenso
     return tuple(torch.cat(part, dim=1) for part in zip(*parts))
 
 
+class PriorAdjusted:
+    """A decoder whose next-word distribution is the wrapped one's divided by the training prior to the power
+    ``tau``: ``log_softmax(log p(w | ...) - tau * log prior(w))`` (logit adjustment, Menon et al. 2021), which
+    favours the rare words a model trained towards CIDEr stops using. ``log_prior`` (V,); the words ``never``
+    emitted (``<pad>``, ``<start>``) take no share of the renormalised mass."""
+
+    def __init__(self, decoder, log_prior: torch.Tensor, tau: float, never: Sequence[int] = ()):
+        self.decoder, self.shift = decoder, -tau * log_prior
+        self.shift[list(never)] = NEG_INF
+        self.fixed_state = getattr(decoder, "fixed_state", ())
+
+    def init_state(self, regions: torch.Tensor) -> dict[str, torch.Tensor]:
+        return self.decoder.init_state(regions)
+
+    def step(self, tokens: torch.Tensor, state: dict[str, torch.Tensor]):
+        log_probs, state, attention = self.decoder.step(tokens, state)
+        shifted = log_probs.float() + self.shift.to(log_probs.device)
+        return torch.log_softmax(shifted, dim=1).to(log_probs.dtype), state, attention
+
+
 def decode(decoder, regions: torch.Tensor, vocab, decode_config: DecodeConfig,
            images: Sequence[int | str] | None = None) -> list[Generation]:
     """Captions of ``regions`` (B, L, D) as ``decode_config`` says: beam search (greedy for a beam of 1) or sampling.
@@ -399,6 +422,8 @@ def decode(decoder, regions: torch.Tensor, vocab, decode_config: DecodeConfig,
     c = decode_config
     c.check()
     rules = TokenRules.of(vocab, c)
+    if c.logit_adjustment:
+        decoder = PriorAdjusted(decoder, vocab.log_prior(), c.logit_adjustment, (rules.pad_index, rules.start_index))
     if c.method == "sample":
         keys = images if images is not None else range(regions.shape[0])
         seeds = [c.seed * 1_000_033 + image_seed(key) for key in keys]

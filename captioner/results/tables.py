@@ -263,7 +263,8 @@ def scst_diagnosis(result: dict) -> list[str]:
     """Cross-entropy starts and the SCST runs made from them (``scripts/scst_diagnosis.py``): what each changed,
     validation CIDEr per epoch, the SCST samples of its last epoch (mean reward, share cut at the length limit), and
     its best checkpoint on the validation photos with each decoding (the subset: the cross-entropy recipe's and the
-    SCST recipe's; the full Flickr8k: the recipes' and greedy), a row each, the run's own cells on its first, with
+    SCST recipe's; the full Flickr8k: the recipes' and greedy; and the recipe's with a logit adjustment where it was
+    scored so), a row each, the run's own cells on its first, with
     the day of each run where they were measured on several (:func:`measured_on`)."""
     lines = header("run", "differs from its recipe", "starts from", "val CIDEr by epoch (subset)",
                    "last epoch's samples: reward, cut", "decoding", "BLEU-4", "METEOR", "CIDEr", "distinct",
@@ -282,7 +283,9 @@ def scst_diagnosis(result: dict) -> list[str]:
             named = (f"`{run['run']}`{measured}", ", ".join(f"`{c}`" for c in changes) or "–", start,
                      ", ".join(number(point["CIDEr"]) for point in run["val_curve"]),
                 f"{number(samples['reward'])}, {number(samples['cut_share'], 2)}" if samples else "–")
-            lines.append(row(*(named if first else ("",) * 5), mode if mode == "greedy" else f"`{mode}`'s",
+            recipe, _, setting = mode.partition(", ")      # a recipe's decoding, with a setting changed
+            shown = mode if mode == "greedy" else f"`{recipe}`'s" + (f", {setting}" if setting else "")
+            lines.append(row(*(named if first else ("",) * 5), shown,
                              number(scored["BLEU-4"]), number(scored["METEOR"]), number(scored["CIDEr"]),
                              number(scored["distinct_captions"], 2), scored["vocabulary_used"],
                              number(scored["mean_length"], 1), number(scored["dangling_end"], 3)))
