@@ -42,10 +42,7 @@ class Vocabulary:
     def build(cls, captions: Iterable[str], min_count: int = 5, max_size: int | None = None) -> "Vocabulary":
         """Keep the words seen at least ``min_count`` times, most frequent first (ties alphabetical),
         at most ``max_size`` words in all (specials included)."""
-        counts, number = Counter(), 0
-        for caption in captions:
-            counts.update(tokenize(caption))
-            number += 1
+        counts, number = word_counts(captions)
         return cls.from_counts(counts, min_count, max_size, captions=number)
 
     @classmethod
@@ -102,6 +99,15 @@ class Vocabulary:
         return cls(state["words"], state.get("counts"))
 
 
+def word_counts(captions: Iterable[str]) -> tuple[Counter, int]:
+    """How often each word occurs in ``captions`` (tokenised), and how many captions there were."""
+    counts, number = Counter(), 0
+    for caption in captions:
+        counts.update(tokenize(caption))
+        number += 1
+    return counts, number
+
+
 def save_vocabulary(vocab: Vocabulary, path: str | Path) -> None:
     """Write ``{"words": [...], "counts": [...]}`` as JSON (atomically; a failed write names ``path``)."""
     write_file(path, json.dumps(vocab.to_dict(), ensure_ascii=False))
@@ -128,11 +134,7 @@ def training_vocabulary(data_config: DataConfig, train_records) -> Vocabulary:
 def with_training_counts(vocab: Vocabulary, data_config: DataConfig) -> Vocabulary:
     """``vocab`` with its words' counts in the train captions of ``data_config``: for a vocabulary saved without
     them (a checkpoint of an earlier version, a vocabulary file)."""
-    counts, captions = Counter(), 0
-    for record in read_split(data_config, "train"):
-        for caption in record.captions:
-            counts.update(tokenize(caption))
-            captions += 1
+    counts, captions = word_counts(c for record in read_split(data_config, "train") for c in record.captions)
     known = [counts[word] for word in vocab.words[len(SPECIALS):]]
     return Vocabulary(vocab.words, [0, 0, captions, sum(counts.values()) - sum(known)] + known)
 

@@ -264,8 +264,8 @@ def scst_diagnosis(result: dict) -> list[str]:
     validation CIDEr per epoch, the SCST samples of its last epoch (mean reward, share cut at the length limit), and
     its best checkpoint on the validation photos with each decoding (the subset: the cross-entropy recipe's and the
     SCST recipe's; the full Flickr8k: the recipes' and greedy; and the recipe's with a logit adjustment where it was
-    scored so), a row each, the run's own cells on its first, with
-    the day of each run where they were measured on several (:func:`measured_on`)."""
+    scored so), a row each, the run's own cells on its first, with the day of each run where they were measured on
+    several (:func:`measured_on`)."""
     lines = header("run", "differs from its recipe", "starts from", "val CIDEr by epoch (subset)",
                    "last epoch's samples: reward, cut", "decoding", "BLEU-4", "METEOR", "CIDEr", "distinct",
                    "words used", "mean length", "dangling end")
