@@ -301,3 +301,15 @@ def test_an_scst_diagnosis_keys_each_decoding_it_scored_by_its_settings(monkeypa
     assert [p for p in probes if p.startswith("decode")] == [
         " ".join(["decode", "flickr8k_full_soft", *script.decode_overrides(decode)])
         for decode in (recipe, {**recipe, "logit_adjustment": 0.3})]
+
+
+def test_an_scst_diagnosis_table_shows_every_decoding_of_a_run():
+    from captioner.results.tables import scst_diagnosis
+    scored = {"BLEU-4": 0.2, "METEOR": 0.19, "CIDEr": 0.5, "distinct_captions": 0.6, "vocabulary_used": 222,
+              "mean_length": 9.0, "dangling_end": 0.0}
+    run = {"run": "long", "changes": [], "val_curve": [{"epoch": 1, "CIDEr": 0.5}], "machine": {"date": "2026-11-29"},
+           "decoded": {"flickr8k_full_soft": scored, "greedy": scored,
+                       "flickr8k_full_soft, logit adjustment 0.2": {**scored, "vocabulary_used": 270}}}
+    lines = scst_diagnosis({"runs": [run]})[2:]
+    assert len(lines) == 3 and lines[0].startswith("| `long` |") and lines[2].startswith("|  |")
+    assert "| `flickr8k_full_soft`'s, logit adjustment 0.2 |" in lines[2] and "| 270 |" in lines[2]

@@ -279,13 +279,13 @@ def scst_diagnosis(result: dict) -> list[str]:
             init = Path(run["init_from"])
             start = f"`{init.parent.name}`" if init.name == "best.pt" else f"`{init.parent.name}/{init.name}`"
         measured = measured_on(run, result)
-        for first, (mode, scored) in zip((True, False), run["decoded"].items()):
+        for position, (mode, scored) in enumerate(run["decoded"].items()):
             named = (f"`{run['run']}`{measured}", ", ".join(f"`{c}`" for c in changes) or "–", start,
                      ", ".join(number(point["CIDEr"]) for point in run["val_curve"]),
                 f"{number(samples['reward'])}, {number(samples['cut_share'], 2)}" if samples else "–")
             recipe, _, setting = mode.partition(", ")      # a recipe's decoding, with a setting changed
             shown = mode if mode == "greedy" else f"`{recipe}`'s" + (f", {setting}" if setting else "")
-            lines.append(row(*(named if first else ("",) * 5), shown,
+            lines.append(row(*(named if position == 0 else ("",) * 5), shown,
                              number(scored["BLEU-4"]), number(scored["METEOR"]), number(scored["CIDEr"]),
                              number(scored["distinct_captions"], 2), scored["vocabulary_used"],
                              number(scored["mean_length"], 1), number(scored["dangling_end"], 3)))
