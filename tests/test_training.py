@@ -412,12 +412,16 @@ def test_data_vocab_writes_the_file_that_training_then_uses(tiny_coco, tmp_path,
     capsys.readouterr()
     assert main(["data", "vocab", str(tmp_path / "config.yaml"), "--out", str(tmp_path / "vocab.json")]) == 0
     report = json.loads(capsys.readouterr().out)
-    words = json.loads((tmp_path / "vocab.json").read_text())["words"]
+    written = json.loads((tmp_path / "vocab.json").read_text())
+    words, counts = written["words"], written["counts"]
     assert report["words"] == len(words) and report["train_captions"] == 24 and 0 < report["token_coverage"] <= 1
+    assert counts[2] == 24 and len(counts) == len(words)                   # <end>: one per caption
     shorter = words[:-1]
-    (tmp_path / "vocab.json").write_text(json.dumps({"words": shorter}))
+    (tmp_path / "vocab.json").write_text(json.dumps({"words": shorter}))   # a file without counts: counted again
     train(tiny_config(tiny_coco, tmp_path / "run", train={"epochs": 1}, data={"vocab": str(tmp_path / "vocab.json")}))
-    assert load_checkpoint(tmp_path / "run" / "last.pt")["vocab"]["words"] == shorter
+    kept = load_checkpoint(tmp_path / "run" / "last.pt")["vocab"]
+    assert kept["words"] == shorter and kept["counts"][4:] == counts[4:-1]
+    assert kept["counts"][3] == counts[3] + counts[-1]                     # the word left out is now <unk>'s
 
 
 def test_cache_features_precision_is_a_choice(tiny_coco, tmp_path, capsys):

@@ -123,18 +123,21 @@ def load_vocabulary(path: str | Path) -> Vocabulary:
 
 
 def training_vocabulary(data_config: DataConfig, train_records) -> Vocabulary:
-    """The vocabulary a new run uses: the ``data.vocab`` file when set, else built from the train captions
-    with ``data.vocab_min_count`` and ``data.vocab_max_size``."""
+    """The vocabulary a new run uses: the ``data.vocab`` file when set (counted on the train captions if it was
+    written without counts), else built from the train captions with ``data.vocab_min_count`` and
+    ``data.vocab_max_size``."""
     if data_config.vocab:
-        return load_vocabulary(data_config.vocab)
+        vocab = load_vocabulary(data_config.vocab)
+        return vocab if vocab.counts is not None else with_training_counts(vocab, data_config, train_records)
     return Vocabulary.build((c for r in train_records for c in r.captions), data_config.vocab_min_count,
                             data_config.vocab_max_size)
 
 
-def with_training_counts(vocab: Vocabulary, data_config: DataConfig) -> Vocabulary:
-    """``vocab`` with its words' counts in the train captions of ``data_config``: for a vocabulary saved without
-    them (a checkpoint of an earlier version, a vocabulary file)."""
-    counts, captions = word_counts(c for record in read_split(data_config, "train") for c in record.captions)
+def with_training_counts(vocab: Vocabulary, data_config: DataConfig, train_records=None) -> Vocabulary:
+    """``vocab`` with its words' counts in the train captions of ``data_config`` (``train_records`` when already
+    read): for a vocabulary saved without them (a checkpoint of an earlier version, a vocabulary file)."""
+    records = read_split(data_config, "train") if train_records is None else train_records
+    counts, captions = word_counts(c for record in records for c in record.captions)
     known = [counts[word] for word in vocab.words[len(SPECIALS):]]
     return Vocabulary(vocab.words, [0, 0, captions, sum(counts.values()) - sum(known)] + known)
 
