@@ -53,8 +53,14 @@ class Vocabulary:
                       key=lambda w: (-counts[w], w))
         if max_size is not None:
             kept = kept[: max(0, max_size - len(SPECIALS))]
-        left_out = sum(counts.values()) - sum(counts[w] for w in kept)
-        return cls(list(SPECIALS) + kept, [0, 0, captions, left_out] + [counts[w] for w in kept])
+        return cls.counted(list(SPECIALS) + kept, counts, captions)
+
+    @classmethod
+    def counted(cls, words: Sequence[str], counts: Mapping[str, int], captions: int) -> "Vocabulary":
+        """``words`` (specials first) with their ``counts`` in ``captions`` captions: ``<end>`` once per caption,
+        ``<unk>`` every word left out."""
+        known = [counts.get(word, 0) for word in words[len(SPECIALS):]]
+        return cls(words, [0, 0, captions, sum(counts.values()) - sum(known)] + known)
 
     def __len__(self) -> int:
         return len(self.words)
@@ -138,8 +144,7 @@ def with_training_counts(vocab: Vocabulary, data_config: DataConfig, train_recor
     read): for a vocabulary saved without them (a checkpoint of an earlier version, a vocabulary file)."""
     records = read_split(data_config, "train") if train_records is None else train_records
     counts, captions = word_counts(c for record in records for c in record.captions)
-    known = [counts[word] for word in vocab.words[len(SPECIALS):]]
-    return Vocabulary(vocab.words, [0, 0, captions, sum(counts.values()) - sum(known)] + known)
+    return Vocabulary.counted(vocab.words, counts, captions)
 
 
 def vocabulary_report(data_config: DataConfig, out: str | Path | None = None) -> dict:
