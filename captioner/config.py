@@ -133,8 +133,20 @@ class TrainConfig:
         None, "objective scst: self-critical epochs in a row without a gain over the best so far (cross-entropy's "
         "included) that end the run (None: train.early_stopping)", minimum=1)
 
+    trainable: str = setting(
+        "all", "all: every parameter of the decoder (and the fine-tuned encoder blocks) | output: the decoder's output "
+        "layer alone (out_words, L_o: with tied embeddings, the word embedding too), the rest frozen",
+        choices=("all", "output"))
+    product_weight: float = setting(
+        0.0, "objective xe: the cross-entropy of the product of experts of this model and its frozen start "
+        "(train.init_from), the start's logits times this weight added to the model's; what it learns is what its "
+        "start under-predicts (Honda et al. 2023 after SCST, with train.trainable output: 0.1). Validation and "
+        "decoding use the model alone. 0 = off", minimum=0)
+
     def check(self) -> None:
         check_settings(self, "train")
+        if self.product_weight and self.objective != "xe":
+            raise CaptionerError("train.product_weight is a cross-entropy term: it needs train.objective xe")
         if self.objective == "scst" and self.scst_baseline == "mean" and self.scst_samples < 2:
             raise CaptionerError("train.scst_baseline mean needs train.scst_samples of at least 2 (the other samples "
                                  f"of an image are its baseline), got {self.scst_samples}")

@@ -90,7 +90,8 @@ def recipes_table() -> str:
     lines = ["| recipe | what it trains | model | epochs | `train.amp` |", "|---|---|---|---|---|"]
     for name, path in recipes().items():
         config = load_config(path)
-        if config.train.objective == "scst" and not config.train.scst_after_epoch:   # no cross-entropy stage of its own
+        if config.train.init_from or (config.train.objective == "scst" and not config.train.scst_after_epoch):
+            # it trains a checkpoint it starts from, not a model of its own
             model = "the checkpoint it starts from (`train.init_from`)"
         elif config.model.decoder == "lstm":
             lstm = config.model.lstm

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from captioner.config import load_config, recipes
 from captioner.predictor import Predictor
@@ -117,4 +118,23 @@ def test_lite2_scst_recipe_caches_its_encoders_regions_then_trains_both_stages(h
     assert meta["grid"] == [10, 10] and meta["feature_dim"] == 1280 and meta["encoder"]["name"] == "efficientnet_lite2"
     assert result["step"] == 3 + 2 and result["epochs"] == 2
     captions = Predictor.load(result["checkpoint"]).caption(photos)      # from the photos, through Lite2 at 320 px
+    assert all(c.error is None and c.caption for c in captions)
+
+
+def test_words_recipe_tunes_the_output_layer_of_its_scst_start_alone(handful):
+    overrides, folder, photos = handful
+    start = train(load_config(recipes()["flickr8k_full_soft"], [
+        *overrides, f"run.out={folder / 'words_start'}", "train.epochs=1", "train.batch_size=10",
+        "train.val_max_images=3"]), progress=False)["checkpoint"]
+    config = load_config(recipes()["flickr8k_full_soft_scst_words"], [
+        *overrides, f"run.out={folder / 'words'}", f"train.init_from={start}", "train.batch_size=10",
+        "train.val_max_images=3"])
+    assert load_config(recipes()["flickr8k_full_soft_scst_words"]).train.init_from == \
+        f"{load_config(recipes()['flickr8k_full_soft_scst']).run.out}/best.pt"
+    result = train(config, progress=False)
+    assert result["step"] == 3 and result["epochs"] == 1
+    before, after = (torch.load(path, weights_only=True)["model"] for path in (start, result["checkpoint"]))
+    assert {k for k in before if not torch.equal(before[k], after[k])} == {"decoder.out_words.weight",
+                                                                           "decoder.out_words.bias"}
+    captions = Predictor.load(result["checkpoint"]).caption(photos)
     assert all(c.error is None and c.caption for c in captions)

@@ -442,3 +442,48 @@ def test_cache_features_names_unreadable_images_caches_the_rest_and_exits_1(tiny
     out = capsys.readouterr()
     assert "5 images written" in out.out and "1 unreadable" in out.out and "300.png" in out.err
     assert sum(image_id in FeatureCache(tmp_path / "cache") for image_id in range(300, 306)) == 5
+
+
+def test_output_layer_fine_tuning_changes_out_words_alone_and_resumes_exactly(tiny_coco, tmp_path):
+    start = train(tiny_config(tiny_coco, tmp_path / "xe", train={"epochs": 1}))["checkpoint"]
+    tune = {"init_from": start, "trainable": "output", "product_weight": 0.5, "lr": 0.01, "epochs": 2}
+    train(tiny_config(tiny_coco, tmp_path / "full", train=tune))
+    before, after = state_of(start), state_of(tmp_path / "full" / "last.pt")
+    changed = {k for k in before if not torch.equal(before[k], after[k])}
+    assert changed == {"decoder.out_words.weight", "decoder.out_words.bias"}
+    train(tiny_config(tiny_coco, tmp_path / "split", train={**tune, "epochs": 1}))
+    train(tiny_config(tiny_coco, tmp_path / "split", train=tune), resume=True)  # its partner: init_from's weights again
+    assert_same_weights(after, state_of(tmp_path / "split" / "last.pt"))
+
+
+def test_product_of_experts_loss_is_the_cross_entropy_of_the_summed_logits(tiny_coco, tmp_path):
+    start = train(tiny_config(tiny_coco, tmp_path / "xe", train={"epochs": 1}))["checkpoint"]
+    config = tiny_config(tiny_coco, tmp_path / "tuned", loss={"doubly_stochastic": 0.0},
+                         train={"init_from": start, "trainable": "output", "product_weight": 0.5})
+    config, initial = engine.initial_checkpoint(config)
+    run = engine.build_run(config, engine.World(), torch.device("cpu"), None, initial)
+    with torch.no_grad():
+        run.model.decoder.out_words.weight.add_(torch.randn_like(run.model.decoder.out_words.weight))  # not its start
+    run.model.eval()                   # no dropout: the same pass twice
+    batch = next(iter(run.loaders["xe"]))
+    captions = batch["captions"]
+    inputs = engine.visual_inputs(batch, run.device, channels_last=False)
+    model_logits, start_logits = run.model(captions, **inputs).logits, run.start(captions, **inputs).logits
+    targets = captions[:, 1:][captions[:, 1:] != 0]
+    product = torch.nn.functional.cross_entropy(model_logits + 0.5 * start_logits, targets)
+    alone = torch.nn.functional.cross_entropy(model_logits, targets)
+    loss = engine.decoder_loss(run, batch)["loss"]
+    torch.testing.assert_close(loss, product)
+    assert not torch.allclose(loss, alone)
+    assert not run.start.training and not any(p.requires_grad for p in run.start.parameters())
+    assert [n for n, p in run.model.named_parameters() if p.requires_grad] == ["decoder.out_words.weight",
+                                                                                 "decoder.out_words.bias"]
+
+
+def test_product_of_experts_needs_a_start_and_one_word_distribution_per_step(tiny_coco, tmp_path):
+    with pytest.raises(CaptionerError, match="train.product_weight needs train.init_from"):
+        train(tiny_config(tiny_coco, tmp_path / "run", train={"product_weight": 0.1}))
+    start = train(tiny_config(tiny_coco, tmp_path / "hard", model={"lstm": {"attention_mode": "hard"}},
+                              train={"epochs": 1}))["checkpoint"]
+    with pytest.raises(CaptionerError, match="not hard or variational attention"):
+        train(tiny_config(tiny_coco, tmp_path / "run", train={"product_weight": 0.1, "init_from": start}))

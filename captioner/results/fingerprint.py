@@ -174,6 +174,9 @@ def train_probe(config) -> dict:
     vocab = probe_vocabulary()
     model = probe_model(config, vocab)
     batch = probe_batch(config, vocab, model)
+    start = engine.frozen_start(model, config)      # train.product_weight's partner: the model as the probe starts
+    if config.train.trainable == "output":
+        engine.train_output_layer_only(model)
     optimizer = engine.make_optimizer(model, config)
     train = config.train
     loss = build_loss(model.decoder, config.loss)
@@ -185,7 +188,8 @@ def train_probe(config) -> dict:
     run = engine.Run(config=config, world=World(), device=torch.device("cpu"), dir=None, vocab=vocab, model=model,
                      net=model, loss=loss, optimizer=optimizer,
                      scheduler=engine.make_scheduler(optimizer, config, TRAIN_STEPS), scaler=torch.amp.GradScaler(
-                         "cpu", enabled=False), loaders={}, val_set=None, self_critical=self_critical, logger=None,
+                         "cpu", enabled=False), loaders={}, val_set=None, self_critical=self_critical, start=start,
+                     logger=None,
                      rank_batch=len(PROBE_CAPTIONS))
     state, stop = engine.TrainState(), type("NoStop", (), {"requested": False})()
     steps = []          # the objectives the run trains on, in its order: cross-entropy (warm start first), SCST

@@ -12,6 +12,7 @@ in a :class:`TrainState`.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 import math
@@ -100,6 +101,7 @@ class Run:
     loaders: dict[str, DataLoader]  # per objective: "xe" over (image, caption) pairs, "scst" over images
     val_set: CaptionDataset
     self_critical: SelfCritical | None
+    start: Captioner | None         # train.product_weight: the frozen start, the model's partner in the product
     logger: MetricsLogger
     rank_batch: int
     started: float = field(default_factory=time.perf_counter)
@@ -317,8 +319,8 @@ def epoch_loader(dataset: CaptionDataset, config: Config, world: World, device: 
 
 def build_run(config: Config, world: World, device: torch.device, checkpoint: dict | None,
               initial: dict | None = None) -> Run:
-    """Data, model, loss, optimizer and loaders of a run: new, about to resume from ``checkpoint``, or starting
-    from the weights and vocabulary of ``initial`` (``train.init_from``)."""
+    """Data, model, loss, optimizer and loaders of a run: new, or starting from the weights and vocabulary of
+    ``initial`` (``train.init_from``); about to resume from ``checkpoint`` either way."""
     data, train = config.data, config.train
     rank_batch = rank_batch_size(config, world)
     by_split = read_splits(data, ("train", "val"))     # a Karpathy file parsed once for both
@@ -330,6 +332,9 @@ def build_run(config: Config, world: World, device: torch.device, checkpoint: di
         model.load_state_dict(model_and_loss_states(initial)[0])
     check_cache_matches(data.features, config.encoder)
     model.to(device)
+    start = frozen_start(model, config)
+    if train.trainable == "output":
+        train_output_layer_only(model)
     if train.channels_last and device.type == "cuda":
         model.encoder.to(memory_format=torch.channels_last)
     loaders = {"xe": epoch_loader(make_dataset(config.data, train_records, vocab, model.encoder, pairs=True), config, world,
@@ -347,10 +352,32 @@ def build_run(config: Config, world: World, device: torch.device, checkpoint: di
                optimizer=optimizer, scheduler=make_scheduler(optimizer, config, len(first)),
                scaler=torch.amp.GradScaler(device.type, enabled=train.amp is not False and amp_dtype(device) == torch.float16),
                loaders=loaders, val_set=make_dataset(config.data, val_records, vocab, model.encoder, pairs=False),
-               self_critical=self_critical,
+               self_critical=self_critical, start=start,
                logger=MetricsLogger(Path(config.run.out), config, resume=checkpoint is not None,
                                     enabled=world.is_main),
                rank_batch=rank_batch, trained_on=data_record(data))
+
+
+def frozen_start(model: Captioner, config: Config) -> Captioner | None:
+    """``train.product_weight``: a frozen copy of ``model`` as it starts (``train.init_from``'s weights), in eval
+    mode (no dropout), the partner of the model in the product of experts of :func:`decoder_loss`."""
+    if not config.train.product_weight:
+        return None
+    if model.decoder.samples_locations or getattr(model.decoder, "variational", False):
+        raise CaptionerError("train.product_weight needs a decoder with one word distribution per step (soft "
+                             "attention or the Transformer), not hard or variational attention")
+    return copy.deepcopy(model).eval().requires_grad_(False)
+
+
+def train_output_layer_only(model: Captioner) -> None:
+    """``train.trainable=output``: the decoder's output layer (``out_words``) trains, every other parameter is
+    frozen."""
+    output = getattr(model.decoder, "out_words", None)
+    if output is None:
+        raise CaptionerError(f"train.trainable output: the {type(model.decoder).__name__} has no output layer "
+                             "out_words")
+    model.requires_grad_(False)
+    output.requires_grad_(True)
 
 
 def startup_facts(run: Run) -> list[str]:
@@ -413,6 +440,8 @@ def initial_checkpoint(config: Config) -> tuple[dict, dict | None]:
     """``train.init_from``'s checkpoint, and the config with that checkpoint's model and encoder sections (a run
     that starts from trained weights keeps their architecture and vocabulary)."""
     path = config.train.init_from
+    if not path and config.train.product_weight:
+        raise CaptionerError("train.product_weight needs train.init_from: the start it is a product with")
     if not path:
         return config, None
     initial = load_checkpoint(path)
@@ -456,7 +485,12 @@ def decoder_loss(run: Run, batch: dict, objective: str = "xe") -> dict[str, torc
                 references = references.to(run.device, non_blocking=True)
             return run.net(references, sequence_loss=run.self_critical, image_ids=batch["image_id"], **inputs)
         captions = batch["captions"].to(run.device, non_blocking=True)
-        return run.loss(run.net(captions, **inputs), captions[:, 1:])
+        out = run.net(captions, **inputs)
+        if run.start is not None:       # the product of experts: log p + w log p_start, up to each word's constant
+            with torch.no_grad():
+                start_logits = run.start(captions, **inputs).logits
+            out = dataclasses.replace(out, logits=out.logits + run.config.train.product_weight * start_logits)
+        return run.loss(out, captions[:, 1:])
 
 
 def log_skipped_images(run: Run, state: TrainState, batch: dict) -> None:
@@ -650,7 +684,7 @@ def _train(config: Config, world: World, device: torch.device, *, resume: bool, 
     prepare_feature_cache(config, world)      # before seeding: its loader draws from the global generator
     seed_everything(config.run.seed)
     checkpoint = resumable_checkpoint(config, run_dir / "last.pt") if resume else None
-    run = build_run(config, world, device, checkpoint, None if checkpoint else initial)
+    run = build_run(config, world, device, checkpoint, initial)
     if not resume:
         clear_replaced_run(run_dir, world)
     state = restore(run, checkpoint) if checkpoint else TrainState()
