@@ -174,9 +174,7 @@ def train_probe(config) -> dict:
     vocab = probe_vocabulary()
     model = probe_model(config, vocab)
     batch = probe_batch(config, vocab, model)
-    start = engine.frozen_start(model, config)      # train.product_weight's partner: the model as the probe starts
-    if config.train.trainable == "output":
-        engine.train_output_layer_only(model)
+    start = engine.prepare_fine_tuning(model, config)      # as a run does: the frozen start, the frozen parameters
     optimizer = engine.make_optimizer(model, config)
     train = config.train
     loss = build_loss(model.decoder, config.loss)

@@ -332,9 +332,7 @@ def build_run(config: Config, world: World, device: torch.device, checkpoint: di
         model.load_state_dict(model_and_loss_states(initial)[0])
     check_cache_matches(data.features, config.encoder)
     model.to(device)
-    start = frozen_start(model, config)
-    if train.trainable == "output":
-        train_output_layer_only(model)
+    start = prepare_fine_tuning(model, config)
     if train.channels_last and device.type == "cuda":
         model.encoder.to(memory_format=torch.channels_last)
     loaders = {"xe": epoch_loader(make_dataset(config.data, train_records, vocab, model.encoder, pairs=True), config, world,
@@ -356,6 +354,15 @@ def build_run(config: Config, world: World, device: torch.device, checkpoint: di
                logger=MetricsLogger(Path(config.run.out), config, resume=checkpoint is not None,
                                     enabled=world.is_main),
                rank_batch=rank_batch, trained_on=data_record(data))
+
+
+def prepare_fine_tuning(model: Captioner, config: Config) -> Captioner | None:
+    """What a run (and the results check's training probe) does to ``model`` before its optimizer is made: the
+    parameters ``train.trainable`` freezes, frozen; returns the frozen start of ``train.product_weight``, or None."""
+    start = frozen_start(model, config)
+    if config.train.trainable == "output":
+        train_output_layer_only(model)
+    return start
 
 
 def frozen_start(model: Captioner, config: Config) -> Captioner | None:
