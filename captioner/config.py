@@ -135,7 +135,7 @@ class TrainConfig:
 
     trainable: str = setting(
         "all", "all: every parameter of the decoder (and the fine-tuned encoder blocks) | output: the decoder's output "
-        "layer alone (out_words, L_o: with tied embeddings, the word embedding too), the rest frozen",
+        "layer alone (out_words, L_o; a Transformer's, tied to its word embedding, is untied from it), the rest frozen",
         choices=("all", "output"))
     product_weight: float = setting(
         0.0, "objective xe: the cross-entropy of the product of experts of this model and its frozen start "

@@ -1,7 +1,8 @@
 """Why does self-critical training lose on real photos? Finished runs side by side: cross-entropy starts and the
 SCST runs made from them, each trained by ``captioner train`` with the overrides its ``config.yaml`` records against
 its recipe: on the quick subset ``flickr8k_soft`` for cross-entropy and ``flickr8k_soft_scst`` for SCST, on the full
-Flickr8k (``--study full``) ``flickr8k_full_soft`` and ``flickr8k_full_soft_scst``. Per run: what it changed,
+Flickr8k (``--study full``) ``flickr8k_full_soft`` and ``flickr8k_full_soft_scst``, or for the Transformer decoder
+``flickr8k_full_transformer`` and ``flickr8k_full_transformer_scst``. Per run: what it changed,
 validation CIDEr per epoch (the subset decoded during training), for SCST the mean reward and the share of samples
 cut at the length limit in its last epoch, and its best checkpoint (or the checkpoint named, such as the
 cross-entropy start an SCST run kept) on every validation photo decoded twice, so that an SCST model and its start
@@ -35,9 +36,12 @@ from captioner.results.record import machine_block, write_result
 from captioner.workflows.evaluate import evaluate_checkpoint
 from captioner.workflows.report import read_metrics
 
-STUDIES = {"subset": ("flickr8k_soft", "flickr8k_soft_scst"), "full": ("flickr8k_full_soft", "flickr8k_full_soft_scst")}
-"""Per study, its cross-entropy recipe and its SCST recipe: the quick subset (700 training photos) and the full
-Flickr8k."""
+STUDIES = {"subset": {"lstm": ("flickr8k_soft", "flickr8k_soft_scst")},
+           "full": {"lstm": ("flickr8k_full_soft", "flickr8k_full_soft_scst"),
+                    "transformer": ("flickr8k_full_transformer", "flickr8k_full_transformer_scst")}}
+"""Per study and decoder (``model.decoder``), its cross-entropy recipe and its SCST recipe: the quick subset (700
+training photos) and the full Flickr8k. The first decoder's recipes name the study's decodings (:func:`decodings`),
+which every recipe of the study shares."""
 # a run's changes against its recipe that shape no number of its training step or decoding
 LENGTH_AND_START = ("train.epochs=", "train.val_max_images=", "train.init_from=", "run.seed=", "train.scst_patience=",
                     "train.early_stopping=", "data.features=", "data.max_val_images=")
@@ -52,8 +56,11 @@ def decodings(study: str, adjustments: Sequence[float] = ()) -> dict[str, dict]:
     ``decode`` section and its SCST recipe's. The full Flickr8k, whose two recipes decode alike: theirs, and
     ``greedy`` (beam 1 without the blocking and ending rules: the policy's own mode). Then for each tau of
     ``adjustments``, the cross-entropy recipe's with ``decode.logit_adjustment`` tau."""
-    xe_recipe, scst_recipe = STUDIES[study]
-    xe, scst = (load_config(recipes()[name]).to_dict()["decode"] for name in STUDIES[study])
+    (xe_recipe, scst_recipe), *others = STUDIES[study].values()
+    xe, scst = (load_config(recipes()[name]).to_dict()["decode"] for name in (xe_recipe, scst_recipe))
+    for name in (name for pair in others for name in pair):
+        if load_config(recipes()[name]).to_dict()["decode"] != xe:
+            raise SystemExit(f"{name} decodes unlike {xe_recipe}: its runs cannot be scored beside them")
     if study == "subset":
         found = {xe_recipe: xe, scst_recipe: scst}
     else:
@@ -78,7 +85,10 @@ def scored_run(path: Path, study: str, adjustments: Sequence[float] = ()) -> dic
     its logit adjustments)."""
     folder, checkpoint = (path.parent, path) if path.suffix == ".pt" else (path, path / "best.pt")
     config = yaml.safe_load((folder / "config.yaml").read_text())
-    xe, scst = STUDIES[study]
+    decoder = config["model"]["decoder"]
+    if decoder not in STUDIES[study]:
+        raise SystemExit(f"{folder}: its {decoder} decoder has no recipes in --study {study}")
+    xe, scst = STUDIES[study][decoder]
     recipe = scst if config["train"]["objective"] == "scst" else xe
     records = read_metrics(folder)
     last_epoch = (torch.load(checkpoint, map_location="cpu", weights_only=True)["progress"]["epoch"]
@@ -123,7 +133,8 @@ def made_by(rows: list[dict], study: str) -> tuple[list[str], list[str]]:
     configs = list(dict.fromkeys(configs))
     names = dict.fromkeys(name for row in rows for name in row["decoded"])
     probes = ["text", "metrics", *(f"train {config}" for config in configs),
-              *(" ".join(["decode", STUDIES[study][0], *decode_overrides(decoding(name, study))]) for name in names)]
+              *(" ".join(["decode", STUDIES[study]["lstm"][0], *decode_overrides(decoding(name, study))])
+                for name in names)]
     return configs, probes
 
 
@@ -140,7 +151,8 @@ def main() -> None:
                         "machine it was measured on), where they are current; a run of the same name is replaced")
     args = parser.parse_args()
     record = joined_record(args.save, args.merge)
-    if record is not None and (others := {r["recipe"] for r in record["result"]["runs"]} - set(STUDIES[args.study])):
+    studied = {name for pair in STUDIES[args.study].values() for name in pair}
+    if record is not None and (others := {r["recipe"] for r in record["result"]["runs"]} - studied):
         raise SystemExit(f"{args.save}: its runs were trained by {', '.join(sorted(others))}, not by --study "
                          f"{args.study}'s recipes; new runs cannot join them")
     rows = [{**scored_run(Path(run), args.study, args.logit_adjustment), "machine": machine_block()}

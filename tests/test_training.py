@@ -480,6 +480,29 @@ def test_product_of_experts_loss_is_the_cross_entropy_of_the_summed_logits(tiny_
                                                                                  "decoder.out_words.bias"]
 
 
+def test_output_layer_fine_tuning_unties_a_transformers_output_layer_from_its_frozen_embedding(tiny_coco, tmp_path):
+    model = {"decoder": "transformer", "transformer": {"d_model": 16, "num_layers": 1, "num_heads": 2, "ffn_dim": 32,
+                                                      "max_length": 16, "tie_embeddings": True}}
+    loss = {"doubly_stochastic": 0.0}
+    start = train(tiny_config(tiny_coco, tmp_path / "xe", model=model, loss=loss, train={"epochs": 1}))["checkpoint"]
+    tune = {"init_from": start, "trainable": "output", "product_weight": 0.5, "lr": 0.01, "epochs": 1}
+    tuned = train(tiny_config(tiny_coco, tmp_path / "tuned", loss=loss, train=tune))["checkpoint"]
+    before, after = state_of(start), state_of(tuned)
+    torch.testing.assert_close(before["decoder.out_words.weight"], before["decoder.embedding.weight"], rtol=0, atol=0)
+    assert {k for k in before if not torch.equal(before[k], after[k])} == {"decoder.out_words.weight",
+                                                                           "decoder.out_words.bias"}
+    payload = load_checkpoint(tuned)
+    assert payload["config"]["model"]["transformer"]["tie_embeddings"] is False
+    assert main(["caption", str(tiny_coco / "images" / "test" / "302.png"), "--checkpoint", tuned, "--device",
+                 "cpu"]) == 0
+    rebuilt = build_model(load_config(tmp_path / "tuned" / "config.yaml"), len(payload["vocab"]["words"]))
+    rebuilt.load_state_dict(after)
+    assert_same_weights(rebuilt.state_dict(), after)       # loads as two layers: the tuned output layer kept
+    with pytest.raises(CaptionerError, match="tied embeddings"):
+        train(tiny_config(tiny_coco, tmp_path / "fresh", model=model, loss=loss,
+                          train={"trainable": "output", "epochs": 1}))
+
+
 def test_product_of_experts_needs_a_start_and_one_word_distribution_per_step(tiny_coco, tmp_path):
     with pytest.raises(CaptionerError, match="train.product_weight needs train.init_from"):
         train(tiny_config(tiny_coco, tmp_path / "run", train={"product_weight": 0.1}))

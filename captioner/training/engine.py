@@ -46,7 +46,7 @@ from captioner.decoding.search import DecodeConfig
 from captioner.errors import CaptionerError
 from captioner.evaluation.caption_metrics import score_captions
 from captioner.evaluation.generate import caption_texts, generate_captions
-from captioner.models.captioner import Captioner, compile_decoder
+from captioner.models.captioner import Captioner, ModelConfig, compile_decoder
 from captioner.objectives.losses import build_loss
 from captioner.objectives.scst import SelfCritical, metric_reward
 from captioner.training.distributed import (
@@ -383,6 +383,10 @@ def train_output_layer_only(model: Captioner) -> None:
     if output is None:
         raise CaptionerError(f"train.trainable output: the {type(model.decoder).__name__} has no output layer "
                              "out_words")
+    if any(p is output.weight for m in model.modules() if m is not output for p in m.parameters(recurse=False)):
+        raise CaptionerError("train.trainable output: the output layer's weight is shared with another layer "
+                             "(tied embeddings), which would train too; untie them (model.transformer."
+                             "tie_embeddings false)")
     model.requires_grad_(False)
     output.requires_grad_(True)
 
@@ -457,7 +461,13 @@ def initial_checkpoint(config: Config) -> tuple[dict, dict | None]:
     changed = [k for section in ("model", "encoder") for k in _differences(old[section], new[section], f"{section}.")]
     if changed:
         log.info("%s: taking its model and encoder settings (%s differed)", path, ", ".join(changed))
-    return dataclasses.replace(config, model=carried.model, encoder=carried.encoder), initial
+    model = carried.model
+    if config.train.trainable == "output" and model.decoder == "transformer" and model.transformer.tie_embeddings:
+        log.info("train.trainable output: the output layer is untied from the word embedding, which stays frozen "
+                 "(model.transformer.tie_embeddings false from here on)")
+        untied = dataclasses.replace(model.transformer, tie_embeddings=False)
+        model = ModelConfig(model.decoder, **{**model.sections, "transformer": untied})
+    return dataclasses.replace(config, model=model, encoder=carried.encoder), initial
 
 
 def restore(run: Run, checkpoint: dict) -> TrainState:
