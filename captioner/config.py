@@ -130,8 +130,9 @@ class TrainConfig:
         True, "objective scst: captions are sampled with the decoder's dropout on, as in training (false: off, so "
         "that the policy sampled and reinforced is the one that decodes)")
     scst_patience: int | None = setting(
-        None, "objective scst: self-critical epochs in a row without a gain over the best so far (cross-entropy's "
-        "included) that end the run (None: train.early_stopping)", minimum=1)
+        None, "objective scst: self-critical epochs in a row without a gain over the best self-critical epoch so far "
+        "that end the run (None: train.early_stopping); the first always counts, so that SCST may dip below its "
+        "cross-entropy start before it climbs past it", minimum=1)
 
     trainable: str = setting(
         "all", "all: every parameter of the decoder (and the fine-tuned encoder blocks) | output: the decoder's output "

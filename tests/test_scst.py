@@ -190,16 +190,26 @@ def test_cross_entropy_that_stops_gaining_hands_its_best_epoch_to_scst_and_resum
 
 def test_self_critical_stages_keep_their_rate_and_their_own_patience(tiny_coco, tmp_path, monkeypatch):
     """Plateau decays act on cross-entropy epochs only; after the switch, train.scst_patience epochs without a
-    gain end the run, not train.early_stopping."""
+    gain over the best SCST epoch end the run, not train.early_stopping: SCST climbing below its start goes on."""
     scst = {"objective": "scst", "scst_after_epoch": 4, "early_stopping": 1, "scst_patience": 3, "scst_lr": 0.001,
             "lr": 0.005, "lr_schedule": "plateau", "lr_patience": 1, "lr_gamma": 0.5, "scst_samples": 2,
-            "scst_batch_size": 4, "epochs": 8}
-    monkeypatch.setattr(engine, "validate", scripted_validation(0.5, 0.4, 0.3, 0.35, 0.45, 0.9))
+            "scst_batch_size": 4, "epochs": 10}
+    scores = (0.5, 0.4, 0.3, 0.35, 0.45, 0.44, 0.45, 0.42, 0.9, 0.9)
+    monkeypatch.setattr(engine, "validate", scripted_validation(*scores))
     result = train(tiny_config(tiny_coco, tmp_path / "run", train=scst))
     steps = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     rates = {r["epoch"]: r["lr"] for r in steps if r["type"] == "train"}
-    assert rates == {1: 0.005, 2: 0.005, 3: 0.001, 4: 0.001, 5: 0.001}    # the switch after epoch 2, then constant
-    assert result["epochs"] == 5                                         # three SCST epochs below 0.5, then stop
+    assert rates == {1: 0.005, 2: 0.005, **dict.fromkeys(range(3, 9), 0.001)}   # the switch after epoch 2, then constant
+    assert result["epochs"] == 8               # SCST below 0.5 throughout; three epochs without passing its 0.45, then stop
+    assert result["best"] == 0.5 and torch.load(tmp_path / "run" / "best.pt", weights_only=True)["progress"]["epoch"] == 1
+    # cut after its second epoch without a gain and resumed: the stage's best goes on with it, the same stop
+    monkeypatch.setattr(engine, "validate", scripted_validation(*scores))
+    train(tiny_config(tiny_coco, tmp_path / "split", train={**scst, "epochs": 7}))
+    last = tmp_path / "split" / "last.pt"
+    payload = torch.load(last, weights_only=True)
+    assert payload["progress"]["stage_best"] == 0.45 and payload["progress"]["stale"] == 2
+    monkeypatch.setattr(engine, "validate", scripted_validation(*scores[7:]))
+    assert train(tiny_config(tiny_coco, tmp_path / "split", train=scst), resume=True)["epochs"] == 8
 
 
 def test_the_cross_entropy_weight_adds_a_reference_captions_loss():

@@ -72,8 +72,9 @@ class TrainState:
     epoch: int = 0                  # epochs finished
     step: int = 0                   # optimizer steps taken
     batch_in_epoch: int = 0         # batches of the current epoch consumed (a resumed run starts after them)
-    best: float = float("-inf")     # best validation score of train.metric so far
-    stale: int = 0                  # epochs since it last improved
+    best: float = float("-inf")     # best validation score of train.metric so far (best.pt's)
+    stage_best: float = float("-inf")   # the best of the current stage's epochs (cross-entropy, or SCST's)
+    stale: int = 0                  # epochs since stage_best last improved
     train_seconds: float = 0.0      # training time of the whole run, resumed parts included
     words_per_s: float | None = None
     amp: bool | None = None         # train.amp as decided when the run started (None: not yet)
@@ -283,7 +284,7 @@ def begin_self_critical(run: "Run", state: "TrainState") -> None:
         if run.world.is_main:
             atomic_write(run.dir / "cross_entropy.pt", lambda handle: handle.write(best.read_bytes()))
     self_critical_optimizer(run)
-    state.scst_from, state.stale = state.epoch, 0
+    state.scst_from, state.stage_best, state.stale = state.epoch, float("-inf"), 0
     tqdm.write(f"self-critical training from epoch {state.epoch + 1}, from the best cross-entropy epoch "
                f"({run.config.train.metric} {state.best:.3f}), learning rate {run.optimizer.param_groups[0]['lr']:.3g}")
     run.save(state)
@@ -478,6 +479,8 @@ def restore(run: Run, checkpoint: dict) -> TrainState:
         run.loss.load_state_dict(loss_state)
     known = {f.name for f in fields(TrainState)}
     state = TrainState(**{k: v for k, v in checkpoint["progress"].items() if k in known})
+    if "stage_best" not in checkpoint["progress"]:      # saved before each stage kept its own best
+        state.stage_best = state.best if state.scst_from is None else float("-inf")
     if has_self_critical_optimizer(run.config, state):
         self_critical_optimizer(run)
     run.optimizer.load_state_dict(checkpoint["optimizer"])
@@ -638,7 +641,8 @@ def end_epoch(run: Run, state: TrainState) -> bool:
     state.batch_in_epoch = 0
     score = scores[train.metric]
     improved = score > state.best
-    state.best, state.stale = (score, 0) if improved else (state.best, state.stale + 1)
+    state.best = max(state.best, score)
+    state.stage_best, state.stale = (score, 0) if score > state.stage_best else (state.stage_best, state.stale + 1)
     decay_on_plateau(run, state)
     run.logger.log({"type": "val", "step": state.step, "epoch": state.epoch, "words_per_s": state.words_per_s, **scores})
     if run.world.is_main:
@@ -655,7 +659,8 @@ def end_epoch(run: Run, state: TrainState) -> bool:
 
 def stopped_early(state: TrainState, train: TrainConfig) -> bool:
     """True once ``train.early_stopping`` epochs in a row brought no gain, or after the switch to self-critical
-    training ``train.scst_patience`` (a resumed run that had stopped early trains no further)."""
+    training ``train.scst_patience`` epochs no gain over the best self-critical epoch (a resumed run that had
+    stopped early trains no further)."""
     patience = train.early_stopping
     if state.scst_from is not None and train.scst_patience is not None:
         patience = train.scst_patience
