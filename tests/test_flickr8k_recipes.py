@@ -121,16 +121,21 @@ def test_lite2_scst_recipe_caches_its_encoders_regions_then_trains_both_stages(h
     assert all(c.error is None and c.caption for c in captions)
 
 
-def test_words_recipe_tunes_the_output_layer_of_its_scst_start_alone(handful):
+WORDS_RECIPES = {"flickr8k_full_soft_scst_words": ("flickr8k_full_soft", "flickr8k_full_soft_scst"),
+                 "flickr8k_full_transformer_scst_words": ("flickr8k_full_transformer", "flickr8k_full_transformer_scst")}
+
+
+@pytest.mark.parametrize("recipe", WORDS_RECIPES)
+def test_words_recipe_tunes_the_output_layer_of_its_scst_start_alone(recipe, handful):
     overrides, folder, photos = handful
-    start = train(load_config(recipes()["flickr8k_full_soft"], [
-        *overrides, f"run.out={folder / 'words_start'}", "train.epochs=1", "train.batch_size=10",
+    cross_entropy, scst = WORDS_RECIPES[recipe]
+    start = train(load_config(recipes()[cross_entropy], [
+        *overrides, f"run.out={folder / f'{recipe}_start'}", "train.epochs=1", "train.batch_size=10",
         "train.val_max_images=3"]), progress=False)["checkpoint"]
-    config = load_config(recipes()["flickr8k_full_soft_scst_words"], [
-        *overrides, f"run.out={folder / 'words'}", f"train.init_from={start}", "train.batch_size=10",
+    config = load_config(recipes()[recipe], [
+        *overrides, f"run.out={folder / recipe}", f"train.init_from={start}", "train.batch_size=10",
         "train.val_max_images=3"])
-    assert load_config(recipes()["flickr8k_full_soft_scst_words"]).train.init_from == \
-        f"{load_config(recipes()['flickr8k_full_soft_scst']).run.out}/best.pt"
+    assert load_config(recipes()[recipe]).train.init_from == f"{load_config(recipes()[scst]).run.out}/best.pt"
     result = train(config, progress=False)
     assert result["step"] == 3 and result["epochs"] == 1
     before, after = (torch.load(path, weights_only=True)["model"] for path in (start, result["checkpoint"]))
