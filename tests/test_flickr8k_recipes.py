@@ -121,8 +121,9 @@ def test_lite2_scst_recipe_caches_its_encoders_regions_then_trains_both_stages(h
     assert all(c.error is None and c.caption for c in captions)
 
 
-WORDS_RECIPES = {"flickr8k_full_soft_scst_words": ("flickr8k_full_soft", "flickr8k_full_soft_scst"),
-                 "flickr8k_full_transformer_scst_words": ("flickr8k_full_transformer", "flickr8k_full_transformer_scst")}
+WORDS_RECIPES = {  # each recipe after SCST: its cross-entropy recipe and its SCST recipe
+    "flickr8k_full_soft_scst_words": ("flickr8k_full_soft", "flickr8k_full_soft_scst"),
+    "flickr8k_full_transformer_scst_words": ("flickr8k_full_transformer", "flickr8k_full_transformer_scst")}
 
 
 @pytest.mark.parametrize("recipe", WORDS_RECIPES)

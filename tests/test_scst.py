@@ -199,9 +199,10 @@ def test_self_critical_stages_keep_their_rate_and_their_own_patience(tiny_coco, 
     result = train(tiny_config(tiny_coco, tmp_path / "run", train=scst))
     steps = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     rates = {r["epoch"]: r["lr"] for r in steps if r["type"] == "train"}
-    assert rates == {1: 0.005, 2: 0.005, **dict.fromkeys(range(3, 9), 0.001)}   # the switch after epoch 2, then constant
-    assert result["epochs"] == 8               # SCST below 0.5 throughout; three epochs without passing its 0.45, then stop
-    assert result["best"] == 0.5 and torch.load(tmp_path / "run" / "best.pt", weights_only=True)["progress"]["epoch"] == 1
+    assert rates == {1: 0.005, 2: 0.005, **dict.fromkeys(range(3, 9), 0.001)}   # the switch after epoch 2, constant
+    assert result["epochs"] == 8          # SCST below 0.5 throughout; three epochs without passing its 0.45, then stop
+    best = torch.load(tmp_path / "run" / "best.pt", weights_only=True)
+    assert result["best"] == 0.5 and best["progress"]["epoch"] == 1
     # cut after its second epoch without a gain and resumed: the stage's best goes on with it, the same stop
     monkeypatch.setattr(engine, "validate", scripted_validation(*scores))
     train(tiny_config(tiny_coco, tmp_path / "split", train={**scst, "epochs": 7}))

@@ -450,7 +450,8 @@ def self_critical_objective(config: Config, vocab: Vocabulary, reward, cross_ent
 
 def initial_checkpoint(config: Config) -> tuple[dict, dict | None]:
     """``train.init_from``'s checkpoint, and the config with that checkpoint's model and encoder sections (a run
-    that starts from trained weights keeps their architecture and vocabulary)."""
+    that starts from trained weights keeps their architecture and vocabulary; under ``train.trainable=output`` a
+    Transformer's output layer is untied from its word embedding, so that the embedding stays frozen)."""
     path = config.train.init_from
     if not path and config.train.product_weight:
         raise CaptionerError("train.product_weight needs train.init_from: the start it is a product with")
