@@ -56,16 +56,23 @@ def decodings(study: str, adjustments: Sequence[float] = ()) -> dict[str, dict]:
     ``decode`` section and its SCST recipe's. The full Flickr8k, whose two recipes decode alike: theirs, and
     ``greedy`` (beam 1 without the blocking and ending rules: the policy's own mode). Then for each tau of
     ``adjustments``, the cross-entropy recipe's with ``decode.logit_adjustment`` tau."""
-    (xe_recipe, scst_recipe), *others = STUDIES[study].values()
+    xe_recipe, scst_recipe = STUDIES[study]["lstm"]
     xe, scst = (load_config(recipes()[name]).to_dict()["decode"] for name in (xe_recipe, scst_recipe))
-    for name in (name for pair in others for name in pair):
-        if load_config(recipes()[name]).to_dict()["decode"] != xe:
-            raise SystemExit(f"{name} decodes unlike {xe_recipe}: its runs cannot be scored beside them")
     if study == "subset":
         found = {xe_recipe: xe, scst_recipe: scst}
     else:
         found = {xe_recipe: xe, "greedy": {**xe, "beam": 1, "block_ngram": 0, "no_dangling_end": False}}
     return found | {f"{xe_recipe}{ADJUSTED}{tau:g}": {**xe, "logit_adjustment": tau} for tau in adjustments}
+
+
+def check_shared_decoding(study: str) -> None:
+    """The other decoders' recipes of ``study`` decode as the first decoder's cross-entropy recipe, which names the
+    study's decodings (:func:`decodings`)."""
+    (named, _), *others = STUDIES[study].values()
+    decode = load_config(recipes()[named]).to_dict()["decode"]
+    for name in (name for pair in others for name in pair):
+        if load_config(recipes()[name]).to_dict()["decode"] != decode:
+            raise SystemExit(f"{name} decodes unlike {named}: its runs cannot be scored beside them")
 
 
 def decoding(name: str, study: str) -> dict:
@@ -150,6 +157,7 @@ def main() -> None:
     parser.add_argument("--merge", action="store_true", help="keep the saved result's other runs (each with the "
                         "machine it was measured on), where they are current; a run of the same name is replaced")
     args = parser.parse_args()
+    check_shared_decoding(args.study)
     record = joined_record(args.save, args.merge)
     studied = {name for pair in STUDIES[args.study].values() for name in pair}
     if record is not None and (others := {r["recipe"] for r in record["result"]["runs"]} - studied):

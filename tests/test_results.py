@@ -301,6 +301,10 @@ def test_an_scst_diagnosis_keys_each_decoding_it_scored_by_its_settings(monkeypa
     assert [p for p in probes if p.startswith("decode")] == [
         " ".join(["decode", "flickr8k_full_soft", *script.decode_overrides(decode)])
         for decode in (recipe, {**recipe, "logit_adjustment": 0.3})]
+    script.check_shared_decoding("full")           # the Transformer's recipes decode as the soft ones
+    monkeypatch.setitem(script.STUDIES, "full", {**script.STUDIES["full"], "other": ("flickr8k_soft_scst",) * 2})
+    with pytest.raises(SystemExit, match="flickr8k_soft_scst decodes unlike flickr8k_full_soft"):
+        script.check_shared_decoding("full")
 
 
 def test_an_scst_diagnosis_table_shows_every_decoding_of_a_run():
