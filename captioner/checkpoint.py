@@ -199,12 +199,16 @@ def build_checkpoint_model(payload: dict, path: str | Path, overrides: Sequence[
     except (KeyError, TypeError, ValueError) as err:
         raise CaptionerError(f"{path}: its vocabulary is malformed ({type(err).__name__}: {err})") from None
     config = apply_overrides(complete(payload["config"]), overrides)
-    if config.decode.logit_adjustment and vocab.counts is None:     # saved before vocabularies kept their counts
+    needs = [setting for setting, missing in (("decode.logit_adjustment", vocab.counts is None),
+                                              ("decode.seen_endings", vocab.endings is None))
+             if missing and getattr(config.decode, setting.split(".")[1])]
+    if needs:                                                        # saved before vocabularies kept them
         try:
             vocab = with_training_counts(vocab, config.data)
         except CaptionerError as err:
-            raise CaptionerError(f"{path}: decode.logit_adjustment needs its training words' counts, which it was "
-                                 f"saved without, and its training captions cannot be read ({err})") from None
+            raise CaptionerError(f"{path}: {' and '.join(needs)} {'needs' if len(needs) == 1 else 'need'} its "
+                                 f"training captions' counts, which it was saved without, and its training captions "
+                                 f"cannot be read ({err})") from None
     try:
         model = build_model(config, len(vocab), pretrained=False)
     except (ValueError, KeyError, TypeError, CaptionerError) as err:

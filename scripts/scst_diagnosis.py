@@ -22,6 +22,8 @@ Never commit what the runs write (runs/): the photos are for research use only.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import functools
 import json
 import math
 from collections.abc import Sequence
@@ -31,7 +33,13 @@ import torch
 import yaml
 from hard_attention_diagnosis import differences, joined_record, merged
 
+from captioner.checkpoint import load_checkpoint
 from captioner.config import load_config, recipes
+from captioner.data.config import DataConfig
+from captioner.data.readers import read_split
+from captioner.data.vocabulary import CaptionCounts, Vocabulary, caption_counts
+from captioner.decoding.search import DecodeConfig
+from captioner.evaluation.diversity import unseen_endings
 from captioner.results.record import machine_block, write_result
 from captioner.workflows.evaluate import evaluate_checkpoint
 from captioner.workflows.report import read_metrics
@@ -49,20 +57,24 @@ LENGTH_AND_START = ("train.epochs=", "train.val_max_images=", "train.init_from="
 
 ADJUSTED = ", logit adjustment "
 """The name of a decoding with ``decode.logit_adjustment``: the cross-entropy recipe's, ADJUSTED, then tau."""
+SEEN_ENDINGS = ", seen endings"
+"""The name of a decoding with ``decode.seen_endings``: the cross-entropy recipe's, then SEEN_ENDINGS."""
 
 
-def decodings(study: str, adjustments: Sequence[float] = ()) -> dict[str, dict]:
+def decodings(study: str, adjustments: Sequence[float] = (), seen_endings: bool = False) -> dict[str, dict]:
     """The decodings each checkpoint of ``study`` is scored with. The subset: its cross-entropy recipe's
     ``decode`` section and its SCST recipe's. The full Flickr8k, whose two recipes decode alike: theirs, and
     ``greedy`` (beam 1 without the blocking and ending rules: the policy's own mode). Then for each tau of
-    ``adjustments``, the cross-entropy recipe's with ``decode.logit_adjustment`` tau."""
+    ``adjustments``, the cross-entropy recipe's with ``decode.logit_adjustment`` tau; with ``seen_endings``, the
+    cross-entropy recipe's with ``decode.seen_endings``."""
     xe_recipe, scst_recipe = STUDIES[study]["lstm"]
     xe, scst = (load_config(recipes()[name]).to_dict()["decode"] for name in (xe_recipe, scst_recipe))
     if study == "subset":
         found = {xe_recipe: xe, scst_recipe: scst}
     else:
         found = {xe_recipe: xe, "greedy": {**xe, "beam": 1, "block_ngram": 0, "no_dangling_end": False}}
-    return found | {f"{xe_recipe}{ADJUSTED}{tau:g}": {**xe, "logit_adjustment": tau} for tau in adjustments}
+    found |= {f"{xe_recipe}{ADJUSTED}{tau:g}": {**xe, "logit_adjustment": tau} for tau in adjustments}
+    return found | ({f"{xe_recipe}{SEEN_ENDINGS}": {**xe, "seen_endings": True}} if seen_endings else {})
 
 
 def check_shared_decoding(study: str) -> None:
@@ -78,18 +90,48 @@ def check_shared_decoding(study: str) -> None:
 def decoding(name: str, study: str) -> dict:
     """The ``decode`` section of the decoding ``name`` of :func:`decodings`."""
     tau = [float(name.split(ADJUSTED)[1])] if ADJUSTED in name else []
-    return decodings(study, tau)[name]
+    return decodings(study, tau, name.endswith(SEEN_ENDINGS))[name]
+
+
+def same_decoding(saved: dict, wanted: dict) -> bool:
+    """Whether a saved ``scores_val.json``'s ``decode`` section is ``wanted``, a setting it lacks (saved before the
+    setting existed) at its default."""
+    defaults = dataclasses.asdict(DecodeConfig())
+    return all(saved.get(key, defaults.get(key)) == value for key, value in wanted.items())
+
+
+def folder_name(mode: str) -> str:
+    """The folder a decoding's scores of a checkpoint are written to, after ``val_`` (or ``val_STEM_``)."""
+    return mode.replace(ADJUSTED, "_logit_adjustment_").replace(SEEN_ENDINGS, "_seen_endings")
+
+
+@functools.cache
+def training_counts(data: str) -> CaptionCounts:
+    """What the train captions of the ``data`` section (``dataclasses.asdict``, as JSON) count."""
+    records = read_split(DataConfig(**json.loads(data)), "train")
+    return caption_counts(caption for record in records for caption in record.captions)
+
+
+def with_endings(checkpoint: Path, folder: Path) -> Vocabulary:
+    """The vocabulary of ``checkpoint`` with its training captions' endings (for :func:`unseen_endings`), counted on
+    the train split of its run's data where it was saved without them."""
+    vocab = Vocabulary.from_dict(load_checkpoint(checkpoint)["vocab"])
+    if vocab.endings is None:
+        data = dataclasses.asdict(load_config(folder / "config.yaml").data)
+        vocab = Vocabulary.counted(vocab.words, training_counts(json.dumps(data, sort_keys=True)))
+    return vocab
 
 
 def decode_overrides(decode: dict) -> list[str]:
     return [f"decode.{key}={json.dumps(value)}" for key, value in decode.items()]
 
 
-def scored_run(path: Path, study: str, adjustments: Sequence[float] = ()) -> dict:
+def scored_run(path: Path, study: str, adjustments: Sequence[float] = (), seen_endings: bool = False) -> dict:
     """One finished run (a folder: its ``best.pt``; or one checkpoint of a run, such as an SCST run's
     ``cross_entropy.pt``): its changes against its recipe, its validation curve (up to the checkpoint's epoch) and
     SCST statistics, and the checkpoint on all validation photos with each of :func:`decodings` (``adjustments``:
-    its logit adjustments)."""
+    its logit adjustments; ``seen_endings``: also with ``decode.seen_endings``), with the share of captions that stop
+    where no training caption does."""
     folder, checkpoint = (path.parent, path) if path.suffix == ".pt" else (path, path / "best.pt")
     config = yaml.safe_load((folder / "config.yaml").read_text())
     decoder = config["model"]["decoder"]
@@ -111,20 +153,24 @@ def scored_run(path: Path, study: str, adjustments: Sequence[float] = ()) -> dic
     if sampled:
         row["last_epoch_samples"] = {key: round(sum(r[key] for r in sampled) / len(sampled), 4)
                                      for key in ("reward", "cut_share", "caption_length", "sample_entropy")}
-    for mode, decode in decodings(study, adjustments).items():
+    vocab = with_endings(checkpoint, folder)
+    for mode, decode in decodings(study, adjustments, seen_endings).items():
         prefix = "val" if checkpoint.name == "best.pt" else f"val_{checkpoint.stem}"
-        scored = folder / f"{prefix}_{mode.replace(ADJUSTED, '_logit_adjustment_')}" / "scores_val.json"
+        scored = folder / f"{prefix}_{folder_name(mode)}" / "scores_val.json"
         scores = json.loads(scored.read_text()) if scored.exists() else None
-        if not scores or scores["decode"] != decode or scored.stat().st_mtime < checkpoint.stat().st_mtime:
+        if (not scores or not same_decoding(scores["decode"], decode)
+                or scored.stat().st_mtime < checkpoint.stat().st_mtime):
             # not scored with this decoding since the checkpoint was written
             scores = evaluate_checkpoint(checkpoint, "val", out_dir=scored.parent, progress=False,
                                          overrides=["data.max_val_images=null", *decode_overrides(decode)])
         diversity = scores["diversity"]
+        captions = {c["image_id"]: c["caption"] for c in json.loads((scored.parent / "captions_val.json").read_text())}
         row["decoded"][mode] = {
             "images": scores["images"], **{k: round(scores[k], 4) for k in ("BLEU-4", "METEOR", "CIDEr")},
             "distinct_captions": round(diversity["distinct_captions"], 4),
             "vocabulary_used": diversity["vocabulary_used"], "mean_length": round(diversity["mean_length"], 2),
             "dangling_end": round(diversity["dangling_end"], 4),
+            "unseen_end": round(unseen_endings(captions, vocab), 4),
             "repeated_bigram": round(diversity["repeated_bigram"], 4)}
         print(json.dumps({"run": row["run"], "decoding": mode, **row["decoded"][mode]}), flush=True)
     return row
@@ -154,6 +200,8 @@ def main() -> None:
     parser.add_argument("--save", metavar="NAME", help="also write benchmarks/results/NAME.json")
     parser.add_argument("--logit-adjustment", type=float, nargs="+", default=[], metavar="TAU",
                         help="also decode with the cross-entropy recipe's decoding and decode.logit_adjustment TAU")
+    parser.add_argument("--seen-endings", action="store_true",
+                        help="also decode with the cross-entropy recipe's decoding and decode.seen_endings")
     parser.add_argument("--merge", action="store_true", help="keep the saved result's other runs (each with the "
                         "machine it was measured on), where they are current; a run of the same name is replaced")
     args = parser.parse_args()
@@ -163,7 +211,7 @@ def main() -> None:
     if record is not None and (others := {r["recipe"] for r in record["result"]["runs"]} - studied):
         raise SystemExit(f"{args.save}: its runs were trained by {', '.join(sorted(others))}, not by --study "
                          f"{args.study}'s recipes; new runs cannot join them")
-    rows = [{**scored_run(Path(run), args.study, args.logit_adjustment), "machine": machine_block()}
+    rows = [{**scored_run(Path(run), args.study, args.logit_adjustment, args.seen_endings), "machine": machine_block()}
             for run in args.runs]
     if record is not None:
         rows = merged(record, rows)

@@ -40,11 +40,16 @@ def test_vocabulary_counts_the_training_words_and_keeps_them():
     counted = dict(zip(vocab.words, vocab.counts))
     assert counted == {"<pad>": 0, "<start>": 0, "<end>": 4, "<unk>": 3, "a": 3, "red": 2, "circle": 2}
     assert Vocabulary.from_dict(json.loads(json.dumps(vocab.to_dict()))).counts == vocab.counts
+    i = vocab.index                                                   # the last two words, a word left out as <unk>
+    assert vocab.endings == sorted([(i["red"], i["circle"]), (i["red"], i["<unk>"]), (i["<unk>"], i["circle"]),
+                                    (i["<start>"], i["<unk>"])])
+    assert Vocabulary.from_dict(json.loads(json.dumps(vocab.to_dict()))).endings == vocab.endings
     prior = vocab.log_prior().exp()
     assert prior.sum() == pytest.approx(1.0)                          # of 14 counted, <pad> and <start> as 1 each
     assert prior[vocab.index["a"]] == pytest.approx(3 / 16) and prior[vocab.index["<end>"]] == pytest.approx(4 / 16)
     plain = Vocabulary(vocab.words)                                   # as a checkpoint of an earlier version
     assert plain == vocab and plain.counts is None and "counts" not in plain.to_dict()
+    assert plain.endings is None and "endings" not in plain.to_dict()
     with pytest.raises(CaptionerError, match="without its training counts"):
         plain.log_prior()
     with pytest.raises(ValueError, match="one per word"):

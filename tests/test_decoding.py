@@ -13,7 +13,7 @@ from captioner.decoding.ensemble import EnsembleDecoder
 from captioner.decoding.search import (DecodeConfig, PriorAdjusted, TokenRules, beam_search, decode, greedy,
                                       sample_captions, seeded_uniforms)
 from captioner.errors import CaptionerError
-from captioner.evaluation.diversity import diversity_measures
+from captioner.evaluation.diversity import diversity_measures, unseen_endings
 from captioner.models.lstm_decoder import LSTMDecoder, LSTMDecoderConfig
 from captioner.models.transformer_decoder import TransformerDecoder, TransformerDecoderConfig
 
@@ -99,6 +99,39 @@ def test_no_dangling_end_keeps_end_from_following_an_open_word(decode_config):
     guarded = decode(decoder, features(), words, replace(decode_config, no_dangling_end=True))
     assert all(g.tokens and g.tokens[-1] != words.index["the"] or len(g.tokens) == 6 for g in guarded)
     assert all(len(g.tokens) < 6 for g in guarded)                  # it still ends, on another word
+
+
+def test_may_end_by_hand():
+    vocab = Vocabulary.build(["a dog on a dirt road", "dogs play in the dirt", "a red bed"], min_count=1)
+    assert vocab.endings == sorted((vocab.index[a], vocab.index[b]) for a, b in
+                                   (("dirt", "road"), ("the", "dirt"), ("red", "bed")))
+    ending = {"on a dirt": False, "a red dirt": True, "in the dirt": True, "a dirt road": True, "on a road": False,
+              "a dog bed": True, "dogs play": False, "dirt": False, "a": False}
+    for caption, expected in ending.items():
+        words = torch.tensor([[vocab.index[w] for w in caption.split()]])
+        assert bool(vocab.may_end(words)[0]) is expected, caption
+    assert not vocab.may_end(torch.empty(2, 0, dtype=torch.long)).any()          # no empty caption
+    assert unseen_endings(dict(enumerate(ending)), vocab) == pytest.approx(5 / 9)
+    with pytest.raises(CaptionerError, match="without its training captions' endings"):
+        Vocabulary(vocab.words).may_end(torch.ones(1, 2, dtype=torch.long))
+
+
+@pytest.mark.parametrize("decode_config", [DecodeConfig(beam=1), DecodeConfig(beam=3), DecodeConfig(method="sample")],
+                         ids=["greedy", "beam", "sample"])
+@pytest.mark.parametrize("make", [lstm, transformer], ids=["lstm", "transformer"])
+def test_seen_endings_stop_captions_only_where_training_captions_stop(make, decode_config):
+    words = [*VOCAB.words[:4], "a", "dirt", "road", "the", *VOCAB.words[8:]]       # "a dirt road", "in the dirt"
+    index = {word: i for i, word in enumerate(words)}
+    vocab = Vocabulary(words, endings=[(index["dirt"], index["road"]), (index["the"], index["dirt"])])
+    decoder = fond_of(fond_of(fond_of(make(), index["dirt"], 12.0), vocab.end_index, 12.0), index["road"], 6.0)
+    decode_config = replace(decode_config, max_length=6, block_ngram=1)     # "dirt" once, then <end> (or "road")
+    plain = decode(decoder, features(), vocab, decode_config)
+    assert any(len(g.tokens) < 6 and not vocab.may_end(torch.tensor([g.tokens]))[0] for g in plain)
+    guarded = decode(decoder, features(), vocab, replace(decode_config, seen_endings=True))
+    assert all(len(g.tokens) == 6 or vocab.may_end(torch.tensor([g.tokens]))[0] for g in guarded)
+    assert any(len(g.tokens) < 6 for g in guarded)                   # it still ends, where captions end
+    with pytest.raises(CaptionerError, match="decode.seen_endings: this vocabulary was saved without"):
+        decode(decoder, features(), Vocabulary(words), replace(decode_config, seen_endings=True))
 
 
 def test_n_best_beams_are_sorted_distinct_and_scored_by_the_decoder():
@@ -235,12 +268,19 @@ def test_a_checkpoint_saved_without_counts_takes_them_from_its_training_captions
     path = served_checkpoints["soft"]
     payload = load_checkpoint(path)
     assert len(payload["vocab"]["counts"]) == len(payload["vocab"]["words"])    # a run keeps them
+    assert payload["vocab"]["endings"]                                           # and its captions' endings
     older = {**payload, "vocab": {"words": payload["vocab"]["words"]}}
     assert build_checkpoint_model(older, path)[1].counts is None
     _, vocab, _ = build_checkpoint_model(older, path, ["decode.logit_adjustment=0.5"])
     assert vocab.counts == payload["vocab"]["counts"]
+    _, vocab, _ = build_checkpoint_model(older, path, ["decode.seen_endings=true"])
+    assert vocab.to_dict()["endings"] == payload["vocab"]["endings"]
     for counts in (["many"] * len(vocab), [-1] * len(vocab), [1, 2], {"a": 1}):
         hostile = {**payload, "vocab": {**payload["vocab"], "counts": counts}}
+        with pytest.raises(CaptionerError, match="its vocabulary is malformed"):
+            build_checkpoint_model(hostile, path)
+    for endings in ("x", 5, [[1]], [["a", "b"]], [[1, len(vocab)]], [[-1, 2]]):
+        hostile = {**payload, "vocab": {**payload["vocab"], "endings": endings}}
         with pytest.raises(CaptionerError, match="its vocabulary is malformed"):
             build_checkpoint_model(hostile, path)
 

@@ -13,7 +13,7 @@ from captioner.config import DataConfig
 from captioner.data import readers
 from captioner.data.dataset import CaptionDataset
 from captioner.data.readers import read_karpathy_splits, read_split, read_splits
-from captioner.data.vocabulary import Vocabulary, vocabulary_report
+from captioner.data.vocabulary import Vocabulary, save_vocabulary, training_vocabulary, vocabulary_report
 from captioner.errors import CaptionerError
 from captioner.evaluation import grounding
 
@@ -65,7 +65,12 @@ def test_the_vocabulary_report_counts_as_the_vocabulary_builds(tmp_path):
     built = Vocabulary.build(["A red dog", "a dog, red!", "the cat sat"], min_count=2)
     written = json.loads((tmp_path / "vocab.json").read_text())
     assert (written["words"], written["counts"]) == (built.words, built.counts)
+    assert written["endings"] == [list(pair) for pair in built.endings]
     assert (report["train_captions"], report["distinct_train_words"], report["caption_length_p50_p95_max"]) == (3, 6, [3, 3, 3])
+    save_vocabulary(Vocabulary(built.words), tmp_path / "plain.json")        # a file written without them
+    plain = dataclasses.replace(config, vocab=str(tmp_path / "plain.json"))
+    counted = training_vocabulary(plain, read_split(plain, "train"))
+    assert (counted.words, counted.counts, counted.endings) == (built.words, built.counts, built.endings)
 
 
 def test_grounding_parses_the_instances_file_once(tmp_path, monkeypatch):

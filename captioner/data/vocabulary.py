@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -12,7 +13,7 @@ import torch
 from captioner.core.files import read_json, write_file
 from captioner.data.config import DataConfig
 from captioner.data.readers import read_split
-from captioner.data.text import tokenize
+from captioner.data.text import OPEN_WORDS, tokenize
 from captioner.data.tokens import END_INDEX, PAD_INDEX, SPECIALS, START_INDEX, UNK_INDEX
 from captioner.errors import CaptionerError
 
@@ -23,44 +24,55 @@ class Vocabulary:
     ``words`` is the full ordered list (specials first); it is all a checkpoint needs to restore the
     mapping exactly (see :meth:`to_dict` / :meth:`from_dict`). ``counts``, when known, is each word's count in
     the training captions (``<end>``: one per caption; ``<unk>``: the words left out), for :meth:`log_prior`.
+    ``endings``, when known, are the last two words of the training captions as sorted index pairs (``<start>``
+    before a one-word caption, ``<unk>`` for a word left out), for :meth:`may_end`.
     """
 
     pad_index, start_index, end_index, unk_index = PAD_INDEX, START_INDEX, END_INDEX, UNK_INDEX
 
-    def __init__(self, words: Sequence[str], counts: Sequence[int] | None = None):
+    def __init__(self, words: Sequence[str], counts: Sequence[int] | None = None,
+                 endings: Iterable[Sequence[int]] | None = None):
         if tuple(words[:4]) != SPECIALS:
             raise ValueError(f"a vocabulary must start with {SPECIALS}, got {tuple(words[:4])}")
         if len(set(words)) != len(words):
             raise ValueError("vocabulary words must be unique")
         if counts is not None and (len(counts) != len(words) or any(int(c) < 0 for c in counts)):
             raise ValueError(f"vocabulary counts must be {len(words)} non-negative numbers, one per word")
+        if endings is not None:
+            endings = sorted({(int(a), int(b)) for a, b in endings})
+            if any(not (0 <= a < len(words) and 0 <= b < len(words)) for a, b in endings):
+                raise ValueError(f"vocabulary endings must be pairs of word indices below {len(words)}")
         self.words = list(words)
         self.counts = None if counts is None else [int(c) for c in counts]
+        self.endings = endings
         self.index = {word: i for i, word in enumerate(self.words)}
+        self._ending_tables: tuple[torch.Tensor, ...] | None = None
 
     @classmethod
     def build(cls, captions: Iterable[str], min_count: int = 5, max_size: int | None = None) -> "Vocabulary":
         """Keep the words seen at least ``min_count`` times, most frequent first (ties alphabetical),
         at most ``max_size`` words in all (specials included)."""
-        counts, number = word_counts(captions)
-        return cls.from_counts(counts, min_count, max_size, captions=number)
+        return cls.from_counts(caption_counts(captions), min_count, max_size)
 
     @classmethod
-    def from_counts(cls, counts: Mapping[str, int], min_count: int = 5, max_size: int | None = None,
-                    captions: int = 0) -> "Vocabulary":
-        """:meth:`build` from the words' counts and the number of ``captions`` they came from."""
+    def from_counts(cls, counted: "CaptionCounts", min_count: int = 5, max_size: int | None = None) -> "Vocabulary":
+        """:meth:`build` from what :func:`caption_counts` counted."""
+        counts = counted.words
         kept = sorted((w for w, c in counts.items() if c >= min_count and w not in SPECIALS),
                       key=lambda w: (-counts[w], w))
         if max_size is not None:
             kept = kept[: max(0, max_size - len(SPECIALS))]
-        return cls.counted(list(SPECIALS) + kept, counts, captions)
+        return cls.counted(list(SPECIALS) + kept, counted)
 
     @classmethod
-    def counted(cls, words: Sequence[str], counts: Mapping[str, int], captions: int) -> "Vocabulary":
-        """``words`` (specials first) with their ``counts`` in ``captions`` captions: ``<end>`` once per caption,
-        ``<unk>`` every word left out."""
+    def counted(cls, words: Sequence[str], counted: "CaptionCounts") -> "Vocabulary":
+        """``words`` (specials first) with their counts and endings in the captions ``counted``: ``<end>`` once per
+        caption, ``<unk>`` every word left out."""
+        counts = counted.words
         known = [counts.get(word, 0) for word in words[len(SPECIALS):]]
-        return cls(words, [0, 0, captions, sum(counts.values()) - sum(known)] + known)
+        index = {word: i for i, word in enumerate(words)}
+        endings = {tuple(index.get(word, UNK_INDEX) for word in pair) for pair in counted.endings}
+        return cls(words, [0, 0, counted.captions, sum(counts.values()) - sum(known)] + known, endings)
 
     def __len__(self) -> int:
         return len(self.words)
@@ -97,21 +109,60 @@ class Vocabulary:
         counts = torch.tensor(self.counts, dtype=torch.float64).clamp(min=1)
         return (counts / counts.sum()).log().float()
 
+    def may_end(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Per row of ``tokens`` (N, t) of words (no ``<start>``), whether a caption may stop there, by the
+        training captions' endings: its last word ends one of them, and where the word before is an open word
+        (:data:`~captioner.data.text.OPEN_WORDS`, or ``<start>``), the two words end one ("on a dirt" does not,
+        "a red bed" may where "bed" ends some caption); never with no words. (N,) bool."""
+        if self.endings is None:
+            raise CaptionerError("this vocabulary was saved without its training captions' endings")
+        if not tokens.shape[1]:
+            return torch.zeros(tokens.shape[0], dtype=torch.bool, device=tokens.device)
+        if self._ending_tables is None or self._ending_tables[0].device != tokens.device:
+            pairs = torch.tensor(self.endings, dtype=torch.long).reshape(-1, 2)
+            last_words = torch.zeros(len(self), dtype=torch.bool)
+            last_words[pairs[:, 1]] = True
+            open_words = torch.zeros(len(self), dtype=torch.bool)
+            open_words[[self.start_index, *(self.index[w] for w in OPEN_WORDS if w in self.index)]] = True
+            self._ending_tables = tuple(t.to(tokens.device) for t in (pairs[:, 0] * len(self) + pairs[:, 1],
+                                                                      last_words, open_words))
+        codes, last_words, open_words = self._ending_tables
+        last = tokens[:, -1]
+        before = tokens[:, -2] if tokens.shape[1] > 1 else torch.full_like(last, self.start_index)
+        return torch.isin(before * len(self) + last, codes) | (~open_words[before] & last_words[last])
+
     def to_dict(self) -> dict:
-        return {"words": list(self.words)} | ({"counts": list(self.counts)} if self.counts is not None else {})
+        return ({"words": list(self.words)} | ({"counts": list(self.counts)} if self.counts is not None else {})
+                | ({"endings": [list(pair) for pair in self.endings]} if self.endings is not None else {}))
 
     @classmethod
     def from_dict(cls, state: dict) -> "Vocabulary":
-        return cls(state["words"], state.get("counts"))
+        return cls(state["words"], state.get("counts"), state.get("endings"))
 
 
-def word_counts(captions: Iterable[str]) -> tuple[Counter, int]:
-    """How often each word occurs in ``captions`` (tokenised), and how many captions there were."""
-    counts, number = Counter(), 0
+@dataclass
+class CaptionCounts:
+    """What a vocabulary keeps of its training captions: each word's count, the number of captions, and each
+    caption's last two words (``<start>`` before a one-word caption)."""
+
+    words: Counter = field(default_factory=Counter)
+    captions: int = 0
+    endings: set[tuple[str, str]] = field(default_factory=set)
+
+    def add(self, tokens: Sequence[str]) -> None:
+        """Count one caption's ``tokens``."""
+        self.words.update(tokens)
+        self.captions += 1
+        if tokens:
+            self.endings.add(tuple(["<start>", *tokens][-2:]))
+
+
+def caption_counts(captions: Iterable[str]) -> CaptionCounts:
+    """:class:`CaptionCounts` of ``captions`` (tokenised)."""
+    counted = CaptionCounts()
     for caption in captions:
-        counts.update(tokenize(caption))
-        number += 1
-    return counts, number
+        counted.add(tokenize(caption))
+    return counted
 
 
 def save_vocabulary(vocab: Vocabulary, path: str | Path) -> None:
@@ -130,21 +181,21 @@ def load_vocabulary(path: str | Path) -> Vocabulary:
 
 def training_vocabulary(data_config: DataConfig, train_records) -> Vocabulary:
     """The vocabulary a new run uses: the ``data.vocab`` file when set (counted on the train captions if it was
-    written without counts), else built from the train captions with ``data.vocab_min_count`` and
+    written without counts or endings), else built from the train captions with ``data.vocab_min_count`` and
     ``data.vocab_max_size``."""
     if data_config.vocab:
         vocab = load_vocabulary(data_config.vocab)
-        return vocab if vocab.counts is not None else with_training_counts(vocab, data_config, train_records)
+        complete = vocab.counts is not None and vocab.endings is not None
+        return vocab if complete else with_training_counts(vocab, data_config, train_records)
     return Vocabulary.build((c for r in train_records for c in r.captions), data_config.vocab_min_count,
                             data_config.vocab_max_size)
 
 
 def with_training_counts(vocab: Vocabulary, data_config: DataConfig, train_records=None) -> Vocabulary:
-    """``vocab`` with its words' counts in the train captions of ``data_config`` (``train_records`` when already
-    read): for a vocabulary saved without them (a checkpoint of an earlier version, a vocabulary file)."""
+    """``vocab`` with its words' counts and endings in the train captions of ``data_config`` (``train_records`` when
+    already read): for a vocabulary saved without them (a checkpoint of an earlier version, a vocabulary file)."""
     records = read_split(data_config, "train") if train_records is None else train_records
-    counts, captions = word_counts(c for record in records for c in record.captions)
-    return Vocabulary.counted(vocab.words, counts, captions)
+    return Vocabulary.counted(vocab.words, caption_counts(c for record in records for c in record.captions))
 
 
 def vocabulary_report(data_config: DataConfig, out: str | Path | None = None) -> dict:
@@ -153,14 +204,14 @@ def vocabulary_report(data_config: DataConfig, out: str | Path | None = None) ->
     out = out or data_config.vocab
     if not out:
         raise CaptionerError("data vocab: set data.vocab in the config (or pass --out FILE)")
-    counts, lengths = Counter(), []
+    counted, lengths = CaptionCounts(), []
     for record in read_split(data_config, "train"):     # each caption tokenised once, its tokens not kept
         for caption in record.captions:
             tokens = tokenize(caption)
-            counts.update(tokens)
+            counted.add(tokens)
             lengths.append(len(tokens))
-    vocab = Vocabulary.from_counts(counts, data_config.vocab_min_count, data_config.vocab_max_size,
-                                   captions=len(lengths))
+    counts = counted.words
+    vocab = Vocabulary.from_counts(counted, data_config.vocab_min_count, data_config.vocab_max_size)
     covered = sum(n for word, n in counts.items() if word in vocab.index)
     lengths.sort()
     save_vocabulary(vocab, out)

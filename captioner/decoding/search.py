@@ -18,12 +18,16 @@ import dataclasses
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from captioner.core.settings import check_settings, setting
 from captioner.data.text import OPEN_WORDS
 from captioner.errors import CaptionerError
+
+if TYPE_CHECKING:
+    from captioner.data.vocabulary import Vocabulary
 
 NEG_INF = float("-inf")
 
@@ -41,6 +45,9 @@ class DecodeConfig:
     block_ngram: int = setting(0, "no n-gram of this size twice in one caption; 0 = off (the real-photo recipes: 2)", minimum=0)
     no_dangling_end: bool = setting(False, "no <end> right after a word an English caption cannot end on (a, the, of, "
                                     "with, ...: captioner.data.text.OPEN_WORDS)")
+    seen_endings: bool = setting(False, "<end> only where the training captions end (the vocabulary's endings): "
+                                 "after a word that ends some caption, and after \"a\", \"on\", ... only as "
+                                 "some caption ends (no \"on a dirt\"; captioner.data.vocabulary.Vocabulary.may_end)")
     beam_groups: int = setting(1, "diverse beam search: the beams split into this many groups", minimum=1)
     diversity: float = setting(0.5, "diverse beam search: penalty per earlier group that chose the same word at a step",
                                minimum=0)
@@ -89,7 +96,9 @@ class Generation:
 class TokenRules:
     """Which words may come next: never ``<start>`` or ``<pad>``; never ``unk_index`` when it is set; no ``<end>``
     before ``min_length`` words; no word that would repeat an n-gram of size ``block_ngram`` (> 1) or, for 1,
-    any word; no ``<end>`` right after one of the words ``open_words`` (indices)."""
+    any word; no ``<end>`` right after one of the words ``open_words`` (indices); with ``ending_vocab`` (a vocabulary
+    that keeps its training captions' endings), ``<end>`` only where :meth:`Vocabulary.may_end
+    <captioner.data.vocabulary.Vocabulary.may_end>`."""
 
     start_index: int
     end_index: int
@@ -98,13 +107,17 @@ class TokenRules:
     min_length: int = 0
     block_ngram: int = 0
     open_words: tuple[int, ...] = ()
+    ending_vocab: Vocabulary | None = field(default=None, compare=False)
 
     @classmethod
     def of(cls, vocab, decode_config: DecodeConfig) -> "TokenRules":
         c = decode_config
         open_words = tuple(sorted(vocab.index[w] for w in OPEN_WORDS if w in vocab.index)) if c.no_dangling_end else ()
+        if c.seen_endings and vocab.endings is None:
+            raise CaptionerError("decode.seen_endings: this vocabulary was saved without its training captions' "
+                                 "endings")
         return cls(vocab.start_index, vocab.end_index, vocab.pad_index, vocab.unk_index if c.suppress_unk else None,
-                   c.min_length, c.block_ngram, open_words)
+                   c.min_length, c.block_ngram, open_words, vocab if c.seen_endings else None)
 
     def apply(self, log_probs: torch.Tensor, words: torch.Tensor) -> torch.Tensor:
         """``log_probs`` (N, V) of the word after ``words`` (N, t), with ``-inf`` where a word is not allowed."""
@@ -116,6 +129,8 @@ class TokenRules:
         if self.open_words and words.shape[1]:
             after_open = torch.isin(words[:, -1], torch.tensor(self.open_words, device=words.device))
             log_probs[after_open, self.end_index] = NEG_INF
+        if self.ending_vocab is not None:
+            log_probs[~self.ending_vocab.may_end(words), self.end_index] = NEG_INF
         n = self.block_ngram
         if n and words.shape[1] >= n:
             windows = words.unfold(1, n, 1)                               # (N, t-n+1, n): every n-gram so far

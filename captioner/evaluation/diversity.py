@@ -6,7 +6,9 @@
 * ``repeated_bigram``: share of captions in which a pair of words occurs twice ("a man on a man on");
 * ``dangling_end``: share of captions that stop on a word that cannot end an English caption ("a", "of",
   "with", ...), the mark of a caption cut short;
-* ``mean_length``: words per caption.
+* ``mean_length``: words per caption;
+* ``unseen_end`` (:func:`unseen_endings`, where the vocabulary keeps its training captions' endings): share of
+  captions that stop where no training caption would ("on a dirt"), which ``dangling_end`` misses.
 """
 
 from __future__ import annotations
@@ -37,3 +39,15 @@ def diversity_measures(captions: Mapping[int, str]) -> dict[str, float]:
         "dangling_end": sum(bool(t) and t[-1] in DANGLING for t in words.values()) / count,
         "mean_length": sum(len(t) for t in words.values()) / count,
     }
+
+
+def unseen_endings(captions: Mapping[int, str], vocab) -> float:
+    """Share of ``{image_id: caption}`` that stop where no training caption of ``vocab`` would
+    (:meth:`Vocabulary.may_end <captioner.data.vocabulary.Vocabulary.may_end>`; an empty caption among them)."""
+    import torch
+
+    last_two = [[vocab.index.get(w, vocab.unk_index) for w in ["<start>", *caption.split()][-2:]]
+                for caption in captions.values()]
+    whole = [pair for pair in last_two if len(pair) == 2]
+    stopped = int(vocab.may_end(torch.tensor(whole, dtype=torch.long).reshape(-1, 2)).sum()) if whole else 0
+    return (len(last_two) - stopped) / max(len(last_two), 1)

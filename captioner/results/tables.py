@@ -263,12 +263,14 @@ def scst_diagnosis(result: dict) -> list[str]:
     """Cross-entropy starts and the SCST runs made from them (``scripts/scst_diagnosis.py``): what each changed,
     validation CIDEr per epoch, the SCST samples of its last epoch (mean reward, share cut at the length limit), and
     its best checkpoint on the validation photos with each decoding (the subset: the cross-entropy recipe's and the
-    SCST recipe's; the full Flickr8k: the recipes' and greedy; and the recipe's with a logit adjustment where it was
-    scored so), a row each, the run's own cells on its first, with the day of each run where they were measured on
-    several (:func:`measured_on`)."""
+    SCST recipe's; the full Flickr8k: the recipes' and greedy; and the recipe's with a logit adjustment or with
+    ``decode.seen_endings`` where it was scored so), a row each, the run's own cells on its first, with the day of
+    each run where they were measured on several (:func:`measured_on`). "Stops mid-phrase" is the share of captions
+    that end where no training caption does (:func:`~captioner.evaluation.diversity.unseen_endings`; a dash for runs
+    scored before it was measured)."""
     lines = header("run", "differs from its recipe", "starts from", "val CIDEr by epoch (subset)",
                    "last epoch's samples: reward, cut", "decoding", "BLEU-4", "METEOR", "CIDEr", "distinct",
-                   "words used", "mean length", "dangling end")
+                   "words used", "mean length", "dangling end", "stops mid-phrase")
     for run in result["runs"]:
         shown_elsewhere = ("train.epochs", "train.val_max_images", "train.init_from", "train.log_every", "data.",
                            *(("model.",) if run.get("init_from") else ()))      # a start's model is its own
@@ -288,7 +290,8 @@ def scst_diagnosis(result: dict) -> list[str]:
             lines.append(row(*(named if position == 0 else ("",) * 5), shown,
                              number(scored["BLEU-4"]), number(scored["METEOR"]), number(scored["CIDEr"]),
                              number(scored["distinct_captions"], 2), scored["vocabulary_used"],
-                             number(scored["mean_length"], 1), number(scored["dangling_end"], 3)))
+                             number(scored["mean_length"], 1), number(scored["dangling_end"], 3),
+                             number(scored.get("unseen_end"), 3)))
     return lines
 
 

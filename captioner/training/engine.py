@@ -41,7 +41,7 @@ from captioner.data.dataset import (
 )
 from captioner.data.feature_cache import cache_is_complete, check_cache_matches
 from captioner.data.readers import available_splits, read_splits
-from captioner.data.vocabulary import Vocabulary, training_vocabulary
+from captioner.data.vocabulary import Vocabulary, training_vocabulary, with_training_counts
 from captioner.decoding.search import DecodeConfig
 from captioner.errors import CaptionerError
 from captioner.evaluation.caption_metrics import score_captions
@@ -328,6 +328,8 @@ def build_run(config: Config, world: World, device: torch.device, checkpoint: di
     train_records, val_records = by_split["train"], by_split["val"]
     carried = checkpoint or initial
     vocab = Vocabulary.from_dict(carried["vocab"]) if carried else training_vocabulary(data, train_records)
+    if vocab.counts is None or vocab.endings is None:     # carried from a checkpoint saved before they were kept
+        vocab = with_training_counts(vocab, data, train_records)
     model = build_model(config, len(vocab), pretrained=carried is None)
     if initial is not None:
         model.load_state_dict(model_and_loss_states(initial)[0])

@@ -57,7 +57,7 @@ def evaluate_checkpoint(checkpoints: str | Path | Sequence[str | Path], split: s
     from captioner.checkpoint import checkpoint_digest, checkpoint_folder
     from captioner.core.devices import resolve_device
     from captioner.evaluation.caption_metrics import meteor_kept, score_captions
-    from captioner.evaluation.diversity import diversity_measures
+    from captioner.evaluation.diversity import diversity_measures, unseen_endings
     from captioner.evaluation.generate import caption_texts
     from captioner.predictor import Predictor
 
@@ -76,7 +76,8 @@ def evaluate_checkpoint(checkpoints: str | Path | Sequence[str | Path], split: s
                   decode=asdict(decode_config),
                   checkpoint_sha256=[checkpoint_digest(path) for path in paths], overrides=list(overrides),
                   runtime=runtime,
-                  diversity=diversity_measures(texts))
+                  diversity=diversity_measures(texts)
+                  | ({"unseen_end": unseen_endings(texts, vocab)} if vocab.endings is not None else {}))
     scores.update(_attention_scores(generations, vocab, config, split, tuple(model.encoder.grid), texts))
     write_results(Path(out_dir) if out_dir else checkpoint_folder(paths[0]), split, scores, texts,
                   generations if decode_config.n_best > 1 else None, vocab)
