@@ -206,9 +206,9 @@ def build_checkpoint_model(payload: dict, path: str | Path, overrides: Sequence[
         try:
             vocab = with_training_counts(vocab, config.data)
         except CaptionerError as err:
-            raise CaptionerError(f"{path}: {' and '.join(needs)} {'needs' if len(needs) == 1 else 'need'} its "
-                                 f"training captions' counts, which it was saved without, and its training captions "
-                                 f"cannot be read ({err})") from None
+            raise CaptionerError(f"{path}: {' and '.join(needs)} {'needs' if len(needs) == 1 else 'need'} what "
+                                 f"its vocabulary counts of its training captions, which it was saved without, and its "
+                                 f"training captions cannot be read ({err})") from None
     try:
         model = build_model(config, len(vocab), pretrained=False)
     except (ValueError, KeyError, TypeError, CaptionerError) as err:
