@@ -301,6 +301,13 @@ def test_an_scst_diagnosis_keys_each_decoding_it_scored_by_its_settings(monkeypa
     assert [p for p in probes if p.startswith("decode")] == [
         " ".join(["decode", "flickr8k_full_soft", *script.decode_overrides(decode)])
         for decode in (recipe, {**recipe, "logit_adjustment": 0.3})]
+    seen = "flickr8k_full_soft, seen endings"
+    assert list(script.decodings("full", [], seen_endings=True)) == ["flickr8k_full_soft", "greedy", seen]
+    assert script.decoding(seen, "full") == {**recipe, "seen_endings": True}
+    assert script.folder_name(seen) == "flickr8k_full_soft_seen_endings"
+    saved_before = {k: v for k, v in recipe.items() if k != "seen_endings"}     # scored before the setting existed
+    assert script.same_decoding(saved_before, recipe)
+    assert not script.same_decoding(saved_before, script.decoding(seen, "full"))
     script.check_shared_decoding("full")           # the Transformer's recipes decode as the soft ones
     monkeypatch.setitem(script.STUDIES, "full", {**script.STUDIES["full"], "other": ("flickr8k_soft_scst",) * 2})
     with pytest.raises(SystemExit, match="flickr8k_soft_scst decodes unlike flickr8k_full_soft"):
@@ -314,6 +321,8 @@ def test_an_scst_diagnosis_table_shows_every_decoding_of_a_run():
     run = {"run": "long", "changes": [], "val_curve": [{"epoch": 1, "CIDEr": 0.5}], "machine": {"date": "2026-11-29"},
            "decoded": {"flickr8k_full_soft": scored, "greedy": scored,
                        "flickr8k_full_soft, logit adjustment 0.2": {**scored, "vocabulary_used": 270}}}
+    run["decoded"]["flickr8k_full_soft, seen endings"] = {**scored, "unseen_end": 0.0}
     lines = scst_diagnosis({"runs": [run]})[2:]
-    assert len(lines) == 3 and lines[0].startswith("| `long` |") and lines[2].startswith("|  |")
+    assert len(lines) == 4 and lines[0].startswith("| `long` |") and lines[2].startswith("|  |")
     assert "| `flickr8k_full_soft`'s, logit adjustment 0.2 |" in lines[2] and "| 270 |" in lines[2]
+    assert lines[2].endswith("| 0.000 | – |") and lines[3].endswith("| 0.000 | 0.000 |")     # not measured: a dash
