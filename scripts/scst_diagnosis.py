@@ -72,7 +72,8 @@ def decodings(study: str, adjustments: Sequence[float] = (), seen_endings: bool 
     if study == "subset":
         found = {xe_recipe: xe, scst_recipe: scst}
     else:
-        found = {xe_recipe: xe, "greedy": {**xe, "beam": 1, "block_ngram": 0, "no_dangling_end": False}}
+        found = {xe_recipe: xe, "greedy": {**xe, "beam": 1, "block_ngram": 0, "no_dangling_end": False,
+                                         "seen_endings": False}}
     found |= {f"{xe_recipe}{ADJUSTED}{tau:g}": {**xe, "logit_adjustment": tau} for tau in adjustments}
     return found | ({f"{xe_recipe}{SEEN_ENDINGS}": {**xe, "seen_endings": True}} if seen_endings else {})
 
@@ -91,13 +92,6 @@ def decoding(name: str, study: str) -> dict:
     """The ``decode`` section of the decoding ``name`` of :func:`decodings`."""
     tau = [float(name.split(ADJUSTED)[1])] if ADJUSTED in name else []
     return decodings(study, tau, name.endswith(SEEN_ENDINGS))[name]
-
-
-def same_decoding(saved: dict, wanted: dict) -> bool:
-    """Whether a saved ``scores_val.json``'s ``decode`` section is ``wanted``, a setting it lacks (saved before the
-    setting existed) at its default."""
-    defaults = dataclasses.asdict(DecodeConfig())
-    return all(saved.get(key, defaults.get(key)) == value for key, value in wanted.items())
 
 
 def folder_name(mode: str) -> str:
@@ -158,7 +152,7 @@ def scored_run(path: Path, study: str, adjustments: Sequence[float] = (), seen_e
         prefix = "val" if checkpoint.name == "best.pt" else f"val_{checkpoint.stem}"
         scored = folder / f"{prefix}_{folder_name(mode)}" / "scores_val.json"
         scores = json.loads(scored.read_text()) if scored.exists() else None
-        if (not scores or not same_decoding(scores["decode"], decode)
+        if (not scores or not DecodeConfig(**decode).same_as(scores["decode"])
                 or scored.stat().st_mtime < checkpoint.stat().st_mtime):
             # not scored with this decoding since the checkpoint was written
             scores = evaluate_checkpoint(checkpoint, "val", out_dir=scored.parent, progress=False,

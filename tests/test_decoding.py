@@ -15,7 +15,10 @@ from captioner.decoding.search import (DecodeConfig, PriorAdjusted, TokenRules, 
 from captioner.errors import CaptionerError
 from captioner.evaluation.diversity import diversity_measures, unseen_endings
 from captioner.models.lstm_decoder import LSTMDecoder, LSTMDecoderConfig
-from captioner.models.transformer_decoder import TransformerDecoder, TransformerDecoderConfig
+from captioner.models.transformer_decoder import (
+    TransformerDecoder,
+    TransformerDecoderConfig,
+)
 
 VOCAB = Vocabulary(["<pad>", "<start>", "<end>", "<unk>"] + [f"w{i}" for i in range(26)])
 RULES = TokenRules(VOCAB.start_index, VOCAB.end_index)
@@ -132,6 +135,24 @@ def test_seen_endings_stop_captions_only_where_training_captions_stop(make, deco
     assert any(len(g.tokens) < 6 for g in guarded)                   # it still ends, where captions end
     with pytest.raises(CaptionerError, match="decode.seen_endings: this vocabulary was saved without"):
         decode(decoder, features(), Vocabulary(words), replace(decode_config, seen_endings=True))
+
+
+def test_scores_saved_before_a_decode_setting_existed_are_reused_by_report(tmp_path):
+    from dataclasses import asdict
+
+    from captioner.checkpoint import checkpoint_digest
+    from captioner.workflows.report import _stored_scores
+
+    checkpoint = tmp_path / "best.pt"
+    checkpoint.write_bytes(b"weights")
+    config = DecodeConfig(beam=3, block_ngram=2)
+    saved = {k: v for k, v in asdict(config).items() if k != "seen_endings"}    # written before it existed
+    scores = {"overrides": [], "decode": saved, "checkpoint_sha256": [checkpoint_digest(checkpoint)], "CIDEr": 0.5}
+    (tmp_path / "scores_val.json").write_text(json.dumps(scores))
+    assert config.same_as(saved) and not replace(config, seen_endings=True).same_as(saved)
+    assert not replace(config, block_ngram=3).same_as(saved)
+    assert _stored_scores(tmp_path / "scores_val.json", checkpoint, config) == scores
+    assert _stored_scores(tmp_path / "scores_val.json", checkpoint, replace(config, seen_endings=True)) is None
 
 
 def test_n_best_beams_are_sorted_distinct_and_scored_by_the_decoder():
@@ -275,11 +296,15 @@ def test_a_checkpoint_saved_without_counts_takes_them_from_its_training_captions
     assert vocab.counts == payload["vocab"]["counts"]
     _, vocab, _ = build_checkpoint_model(older, path, ["decode.seen_endings=true"])
     assert vocab.to_dict()["endings"] == payload["vocab"]["endings"]
-    for counts in (["many"] * len(vocab), [-1] * len(vocab), [1, 2], {"a": 1}):
+    kept = {**payload, "vocab": {"words": payload["vocab"]["words"], "counts": [7] * len(vocab)}}
+    _, vocab, _ = build_checkpoint_model(kept, path, ["decode.seen_endings=true"])     # what it kept stays
+    assert vocab.counts == [7] * len(vocab) and vocab.to_dict()["endings"] == payload["vocab"]["endings"]
+    for counts in (["many"] * len(vocab), [-1] * len(vocab), [1, 2], {"a": 1}, [float("inf")] * len(vocab)):
         hostile = {**payload, "vocab": {**payload["vocab"], "counts": counts}}
         with pytest.raises(CaptionerError, match="its vocabulary is malformed"):
             build_checkpoint_model(hostile, path)
-    for endings in ("x", 5, [[1]], [["a", "b"]], [[1, len(vocab)]], [[-1, 2]]):
+    for endings in ("x", 5, [[1]], [["a", "b"]], [[1, len(vocab)]], [[-1, 2]], [[1, 2, 3]], [[1.9, 2]],
+                    [[float("inf"), 2]], ["12"], [[[1], 2]]):
         hostile = {**payload, "vocab": {**payload["vocab"], "endings": endings}}
         with pytest.raises(CaptionerError, match="its vocabulary is malformed"):
             build_checkpoint_model(hostile, path)

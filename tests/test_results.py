@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from captioner.config import load_config, recipes
+from captioner.decoding.search import DecodeConfig
 from captioner.errors import CaptionerError
 from captioner.results import fingerprint
 from captioner.results.record import add_entry, load_results, made_by, result_settings, save, why_stale, write_result
@@ -306,8 +307,8 @@ def test_an_scst_diagnosis_keys_each_decoding_it_scored_by_its_settings(monkeypa
     assert script.decoding(seen, "full") == {**recipe, "seen_endings": True}
     assert script.folder_name(seen) == "flickr8k_full_soft_seen_endings"
     saved_before = {k: v for k, v in recipe.items() if k != "seen_endings"}     # scored before the setting existed
-    assert script.same_decoding(saved_before, recipe)
-    assert not script.same_decoding(saved_before, script.decoding(seen, "full"))
+    assert DecodeConfig(**recipe).same_as(saved_before)
+    assert not DecodeConfig(**script.decoding(seen, "full")).same_as(saved_before)
     script.check_shared_decoding("full")           # the Transformer's recipes decode as the soft ones
     monkeypatch.setitem(script.STUDIES, "full", {**script.STUDIES["full"], "other": ("flickr8k_soft_scst",) * 2})
     with pytest.raises(SystemExit, match="flickr8k_soft_scst decodes unlike flickr8k_full_soft"):

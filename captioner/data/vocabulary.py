@@ -36,14 +36,15 @@ class Vocabulary:
             raise ValueError(f"a vocabulary must start with {SPECIALS}, got {tuple(words[:4])}")
         if len(set(words)) != len(words):
             raise ValueError("vocabulary words must be unique")
-        if counts is not None and (len(counts) != len(words) or any(int(c) < 0 for c in counts)):
-            raise ValueError(f"vocabulary counts must be {len(words)} non-negative numbers, one per word")
+        if counts is not None and (len(counts) != len(words) or not all(type(c) is int and c >= 0 for c in counts)):
+            raise ValueError(f"vocabulary counts must be {len(words)} non-negative integers, one per word")
         if endings is not None:
-            endings = sorted({(int(a), int(b)) for a, b in endings})
-            if any(not (0 <= a < len(words) and 0 <= b < len(words)) for a, b in endings):
+            endings = sorted({tuple(pair) for pair in endings})
+            if not all(len(pair) == 2 and all(type(i) is int and 0 <= i < len(words) for i in pair)
+                       for pair in endings):
                 raise ValueError(f"vocabulary endings must be pairs of word indices below {len(words)}")
         self.words = list(words)
-        self.counts = None if counts is None else [int(c) for c in counts]
+        self.counts = None if counts is None else list(counts)
         self.endings = endings
         self.index = {word: i for i, word in enumerate(self.words)}
         self._ending_tables: tuple[torch.Tensor, ...] | None = None
@@ -166,7 +167,8 @@ def caption_counts(captions: Iterable[str]) -> CaptionCounts:
 
 
 def save_vocabulary(vocab: Vocabulary, path: str | Path) -> None:
-    """Write ``{"words": [...], "counts": [...]}`` as JSON (atomically; a failed write names ``path``)."""
+    """Write ``{"words": [...], "counts": [...], "endings": [...]}`` (:meth:`Vocabulary.to_dict`) as JSON
+    (atomically; a failed write names ``path``)."""
     write_file(path, json.dumps(vocab.to_dict(), ensure_ascii=False))
 
 
@@ -193,9 +195,12 @@ def training_vocabulary(data_config: DataConfig, train_records) -> Vocabulary:
 
 def with_training_counts(vocab: Vocabulary, data_config: DataConfig, train_records=None) -> Vocabulary:
     """``vocab`` with its words' counts and endings in the train captions of ``data_config`` (``train_records`` when
-    already read): for a vocabulary saved without them (a checkpoint of an earlier version, a vocabulary file)."""
+    already read) where it was saved without them (a checkpoint of an earlier version, a vocabulary file); what it
+    kept stays."""
     records = read_split(data_config, "train") if train_records is None else train_records
-    return Vocabulary.counted(vocab.words, caption_counts(c for record in records for c in record.captions))
+    counted = Vocabulary.counted(vocab.words, caption_counts(c for record in records for c in record.captions))
+    return Vocabulary(vocab.words, counted.counts if vocab.counts is None else vocab.counts,
+                      counted.endings if vocab.endings is None else vocab.endings)
 
 
 def vocabulary_report(data_config: DataConfig, out: str | Path | None = None) -> dict:

@@ -68,6 +68,12 @@ class DecodeConfig:
         """A resolved config's ``decode`` section, with ``changes`` (None values ignored)."""
         return dataclasses.replace(config.decode, **{k: v for k, v in changes.items() if v is not None})
 
+    def same_as(self, saved: dict) -> bool:
+        """Whether ``saved`` (a ``decode`` section as a scores file keeps it) is these settings, a setting it lacks
+        (saved before the setting existed) at its default."""
+        defaults = dataclasses.asdict(DecodeConfig())
+        return all(saved.get(key, defaults[key]) == value for key, value in dataclasses.asdict(self).items())
+
     def check(self) -> None:
         check_settings(self, "decode")
         if self.beam < 1 or self.beam % self.beam_groups:

@@ -43,7 +43,8 @@ def diversity_measures(captions: Mapping[int, str]) -> dict[str, float]:
 
 def unseen_endings(captions: Mapping[int, str], vocab) -> float:
     """Share of ``{image_id: caption}`` that stop where no training caption of ``vocab`` would
-    (:meth:`Vocabulary.may_end <captioner.data.vocabulary.Vocabulary.may_end>`; an empty caption among them)."""
+    (:meth:`Vocabulary.may_end <captioner.data.vocabulary.Vocabulary.may_end>`; an empty caption among them, and a
+    caption cut at the length limit where it was cut)."""
     import torch
 
     last_two = [[vocab.index.get(w, vocab.unk_index) for w in ["<start>", *caption.split()][-2:]]

@@ -6,7 +6,8 @@
     config.json         what captioner needs to rebuild the model: the ``model``, ``encoder``, ``decode`` and
                         ``data`` settings, the vocabulary size, the encoder's sizes (``regions``), the weights'
                         dtype and SHA-256, the versions, the training data's name and kind (``trained_on``)
-    vocab.json          the word list, index = position (the format of ``data.vocab`` files)
+    vocab.json          the word list, index = position, with the training captions' counts and endings where the
+                        checkpoint kept them (the format of ``data.vocab`` files)
     README.md           the model card (:mod:`captioner.workflows.model_card`)
     *.onnx              with ``--onnx`` (:mod:`captioner.export.onnx`)
 

@@ -20,7 +20,6 @@ import json
 import logging
 import os
 import re
-from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -101,7 +100,8 @@ def _stored_scores(path: Path, checkpoint: Path, decode_config: DecodeConfig) ->
     except ValueError as err:
         log.warning("%s; evaluating the run again", _json_error(path, text, err))
         return None
-    if (isinstance(scores, dict) and scores.get("overrides") == [] and scores.get("decode") == asdict(decode_config)
+    if (isinstance(scores, dict) and scores.get("overrides") == [] and isinstance(scores.get("decode"), dict)
+            and decode_config.same_as(scores["decode"])
             and scores.get("runtime", "torch") == "torch"
             and scores.get("checkpoint_sha256") == [checkpoint_digest(checkpoint)]):
         return scores
