@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -44,7 +46,7 @@ from captioner.data.dataset import collate, make_dataset
 from captioner.data.readers import read_split
 from captioner.data.tokens import PAD_INDEX
 from captioner.objectives.losses import caption_baseline, caption_log_likelihood, location_reward, reinforce_term
-from captioner.results.record import RESULTS_DIR, machine_block, why_stale, write_result
+from captioner.results.record import RESULTS_DIR, machine_block, stale_parts, write_result
 from captioner.workflows.evaluate import evaluate_checkpoint
 from captioner.workflows.report import read_metrics
 
@@ -229,17 +231,27 @@ def merged(record: dict, rows: list[dict]) -> list[dict]:
     return [{"machine": record["machine"], **row} for row in record["result"]["runs"] if row["run"] not in named] + rows
 
 
-def joined_record(name: str | None, merge: bool) -> dict | None:
-    """The saved ``runs`` result ``benchmarks/results/NAME.json`` that new rows join (``--merge``), if any; a stale
-    one ends the script, before the scoring, which takes minutes per run; so does ``merge`` without a ``name``."""
+def joined_record(name: str | None, merge: bool, row_makers: Callable[[dict], list[str]] | None = None
+                  ) -> dict | None:
+    """The saved ``runs`` result ``benchmarks/results/NAME.json`` that new rows join (``--merge``), if any; so does
+    ``merge`` without a ``name``. A stale one ends the script, before the scoring, which takes minutes per run;
+    unless ``row_makers`` names the configs and probes that made each row: then the rows made by what changed are
+    left out (each named on stderr), and the others join."""
     if merge and not name:
         raise SystemExit("--merge joins the result named by --save: give --save NAME")
     if not (merge and (saved := RESULTS_DIR / f"{name}.json").exists()):
         return None
     record = json.loads(saved.read_text())
-    if reasons := why_stale(record):
-        raise SystemExit(f"{saved}: its runs were made otherwise, new ones cannot join them: {'; '.join(reasons)}")
-    return record
+    stale = stale_parts(record)
+    rows = record["result"]["runs"]
+    dropped = [row for row in rows if row_makers and stale.keys() & set(row_makers(row))]
+    if unexplained := [reason for part, reasons in stale.items() for reason in reasons
+                       if not any(part in row_makers(row) for row in dropped)]:
+        raise SystemExit(f"{saved}: its runs were made otherwise, new ones cannot join them: {'; '.join(unexplained)}")
+    for row in dropped:
+        why = "; ".join(reason for part in row_makers(row) for reason in stale.get(part, []))
+        print(f"{saved}: {row['run']} left out, made otherwise ({why})", file=sys.stderr)
+    return {**record, "result": {**record["result"], "runs": [row for row in rows if row not in dropped]}}
 
 
 def runs(args) -> None:

@@ -200,7 +200,8 @@ def main() -> None:
                         "machine it was measured on), where they are current; a run of the same name is replaced")
     args = parser.parse_args()
     check_shared_decoding(args.study)
-    record = joined_record(args.save, args.merge)
+    record = joined_record(args.save, args.merge, lambda row: [name for names in made_by([row], args.study)
+                                                               for name in names])
     studied = {name for pair in STUDIES[args.study].values() for name in pair}
     if record is not None and (others := {r["recipe"] for r in record["result"]["runs"]} - studied):
         raise SystemExit(f"{args.save}: its runs were trained by {', '.join(sorted(others))}, not by --study "

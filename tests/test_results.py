@@ -265,20 +265,32 @@ def test_runs_merged_into_a_saved_diagnosis_keep_its_others_with_their_machine(m
     assert merged(kept, [])[0]["machine"] == {"date": "first"}
 
 
-def test_a_diagnosis_joins_a_saved_result_only_when_asked_and_only_a_current_one(monkeypatch, tmp_path):
+def test_a_diagnosis_joins_a_saved_result_only_when_asked_and_only_its_current_rows(monkeypatch, tmp_path, capsys):
     monkeypatch.syspath_prepend(str(ROOT / "scripts"))
     script = load_script("hard_attention_diagnosis")
     monkeypatch.setattr(script, "RESULTS_DIR", tmp_path)
     (tmp_path / "diagnosis.json").write_text(json.dumps({"result": {"runs": []}}))
-    monkeypatch.setattr(script, "why_stale", lambda record: [])
+    monkeypatch.setattr(script, "stale_parts", lambda record: {})
     assert script.joined_record("diagnosis", merge=False) is None
     assert script.joined_record("another", merge=True) is None
     with pytest.raises(SystemExit, match="give --save NAME"):
         script.joined_record(None, merge=True)
     assert script.joined_record("diagnosis", merge=True) == {"result": {"runs": []}}
-    monkeypatch.setattr(script, "why_stale", lambda record: ["flickr8k_full_soft changed"])
-    with pytest.raises(SystemExit, match="flickr8k_full_soft changed"):
+    changed = {"flickr8k_full_soft": ["config 'flickr8k_full_soft': train.epochs 12 -> 14"]}
+    monkeypatch.setattr(script, "stale_parts", lambda record: changed)
+    with pytest.raises(SystemExit, match="train.epochs 12 -> 14"):
         script.joined_record("diagnosis", merge=True)
+    rows = [{"run": "soft", "recipe": "flickr8k_full_soft"}, {"run": "scst", "recipe": "flickr8k_full_soft_scst"}]
+    (tmp_path / "diagnosis.json").write_text(json.dumps({"result": {"runs": rows}}))
+    makers = lambda row: [row["recipe"], "metrics"]                     # noqa: E731
+    assert script.joined_record("diagnosis", merge=True, row_makers=makers) == {"result": {"runs": rows[1:]}}
+    dropped = "soft left out, made otherwise (config 'flickr8k_full_soft': train.epochs 12 -> 14)"
+    assert dropped in capsys.readouterr().err
+    monkeypatch.setattr(script, "stale_parts", lambda record: changed | {"metrics": ["probe 'metrics' changed"]})
+    assert script.joined_record("diagnosis", merge=True, row_makers=makers) == {"result": {"runs": []}}
+    monkeypatch.setattr(script, "stale_parts", lambda record: {"coco": ["config 'coco' changed"]})
+    with pytest.raises(SystemExit, match="config 'coco' changed"):             # made no row: no row explains it
+        script.joined_record("diagnosis", merge=True, row_makers=makers)
 
 
 def test_a_diagnosis_table_dates_its_runs_only_where_they_were_measured_on_several_days():
