@@ -195,6 +195,12 @@ def test_a_changed_config_drops_only_the_entries_it_made(tmp_path, capsys):
     with pytest.raises(CaptionerError, match="b were made otherwise: config 'demo_hard': train.lr 0.5"):
         add_entry("timed", "entries", "c", {"seconds": 3.0}, configs=["demo_soft"], probes=["text"],
                   keep_stale=True, results_dir=tmp_path)
+    add_entry("timed", "entries", "b", {"seconds": 2.5}, configs=["demo_hard"], probes=["text", "metrics"],
+              keep_stale=True, results_dir=tmp_path)                # made again as the config is now: replaced
+    record = json.loads((tmp_path / "timed.json").read_text())
+    assert record["result"]["entries"]["b"]["seconds"] == 2.5 and why_stale(record) == []
+    record["settings"]["demo_hard"]["train.lr"] = 0.5
+    save(record, tmp_path)
     add_entry("timed", "entries", "c", {"seconds": 3.0}, configs=["demo_soft"], probes=["text"], results_dir=tmp_path)
     record = json.loads((tmp_path / "timed.json").read_text())
     assert list(record["result"]["entries"]) == ["a", "c"]

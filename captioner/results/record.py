@@ -157,7 +157,7 @@ def add_entry(name: str, section: str, key: str, entry: dict, *, configs: Sequen
     entries. An entry made with other settings or another behaviour of the code than now cannot sit beside it: it is
     dropped, and stderr says why, or with ``keep_stale`` nothing is written and a
     :class:`~captioner.errors.CaptionerError` says why; a change to a config or probe that made no kept entry drops
-    nothing."""
+    nothing, and an entry ``key`` made otherwise is replaced either way."""
     from captioner.errors import CaptionerError
 
     path = results_dir / f"{name}.json"
@@ -168,7 +168,7 @@ def add_entry(name: str, section: str, key: str, entry: dict, *, configs: Sequen
     stale = stale_parts(saved) if saved else {}
     dropped = {k: [reason for part in (*e["made_by"]["configs"], *e["made_by"]["probes"])
                    for reason in stale.get(part, [])] for k, e in kept.items()}
-    dropped = {k: reasons for k, reasons in dropped.items() if reasons}
+    dropped = {k: reasons for k, reasons in dropped.items() if reasons and k != key}     # ``key`` is replaced
     if dropped and keep_stale:
         reasons = dict.fromkeys(reason for found in dropped.values() for reason in found)
         raise CaptionerError(f"{path}: {', '.join(dropped)} were made otherwise: {'; '.join(reasons)}")
