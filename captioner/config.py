@@ -476,8 +476,8 @@ def config_reference() -> str:
     """Every setting with its default, what it allows and its meaning, as one Markdown table per section
     (``model`` per decoder), generated from the section classes: what ``captioner config --reference`` prints and
     the docs' configuration page shows."""
-    def cell(text: str) -> str:
-        return text.replace("|", "\\|")
+    def cell(text: str) -> str:     # a token such as <end> as code: as HTML, a browser would hide it
+        return re.sub(r"(<[\w.]+>)", r"`\1`", text).replace("|", "\\|")
 
     def rows(kind, prefix: str) -> list[str]:
         out = []
@@ -494,7 +494,7 @@ def config_reference() -> str:
     for name in ORDER:
         if name == "model":
             lines += table("model", [f"| `model.decoder` | `lstm` | {cell(' | '.join(DECODERS))} | "
-                                     "the decoder; its settings: model.<decoder>.* |"])
+                                     "the decoder; its settings: `model.<decoder>.*` |"])
             for decoder, entry in DECODERS.items():
                 lines += table(f"model.{decoder}", rows(entry.config, f"model.{decoder}."))
         else:

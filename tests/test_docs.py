@@ -154,6 +154,14 @@ def test_every_generated_table_cell_renders_without_a_stray_backtick(site):
                 assert not stray, f"{page}: a code span broken open: {stray}"
 
 
+def test_the_generated_references_show_tokens_such_as_end_instead_of_hiding_them_as_tags(site):
+    for page in ("reference/cli.md", "reference/configuration.md"):
+        raw = re.sub(r"<code>.*?</code>|<pre>.*?</pre>", "", (site / built(page)).read_text(), flags=re.S)
+        assert not re.findall(r"<(?:end|start|pad|unk|decoder)>", raw), f"{page}: a token left as an HTML tag"
+    text = page_text(site, "reference/configuration.md")
+    assert "no <end> before this many words" in text and "model.<decoder>.*" in text
+
+
 def test_every_page_has_its_table_of_contents_and_no_raw_tex(site):
     """The results page, the longest, once hid its table of contents; the attention guide once showed ``a_{sₜ}``
     raw (the site renders no TeX: it works offline, so maths is written in Unicode and <sub>)."""

@@ -46,8 +46,8 @@ class DecodeConfig:
     no_dangling_end: bool = setting(False, "no <end> right after a word an English caption cannot end on (a, the, of, "
                                     "with, ...: captioner.data.text.OPEN_WORDS)")
     seen_endings: bool = setting(False, "<end> only where the training captions end (the vocabulary's endings): "
-                                 "after a word that ends some caption, and after \"a\", \"on\", ... only as "
-                                 "some caption ends (no \"on a dirt\"; captioner.data.vocabulary.Vocabulary.may_end)")
+                                 "after a word that ends some training caption and, right after an open word (a, "
+                                 "on, the, ...), only after two words that end one (no \"on a dirt\")")
     beam_groups: int = setting(1, "diverse beam search: the beams split into this many groups", minimum=1)
     diversity: float = setting(0.5, "diverse beam search: penalty per earlier group that chose the same word at a step",
                                minimum=0)
