@@ -149,7 +149,7 @@ def test_a_probe_agrees_within_the_tolerance_and_names_what_differs():
                                                       "steps.0.losses.loss: 3.0 -> 3.01"]
 
 
-def test_recipe_times_names_the_cpu_with_its_threads_and_a_gpu_by_its_name():
+def test_recipe_times_names_the_cpu_with_its_widest_vectors_and_threads_and_a_gpu_by_its_name():
     from captioner.results.tables import recipe_times
 
     machine = {"cpu": "Some CPU", "cores": 2, "threads": 2}
@@ -161,6 +161,20 @@ def test_recipe_times_names_the_cpu_with_its_threads_and_a_gpu_by_its_name():
     assert lines[2] == ("| `flickr8k_full_soft` | Some CPU, 2 cores, 2 torch threads | bf16 | 12 | 26.0 | 0.2 | 26.2 "
                         "| 0.10 | 0.468 |")
     assert lines[3].startswith("| `flickr8k_full_soft` | NVIDIA H100 | float32 | 12 | 2.0 | 0.2 | 2.2 |")
+    flagged = {**machine, "cpu_flags": ["avx", "avx2", "fma", "avx512f", "avx512_bf16"]}
+    lines = recipe_times({"entries": {"on cpu": {**timed, "device": "cpu", "machine": flagged}}})
+    assert "| Some CPU (avx512_bf16), 2 cores, 2 torch threads |" in lines[2]           # native bf16 or not
+    flagged["cpu_flags"] = ["avx", "avx2", "fma"]
+    lines = recipe_times({"entries": {"on cpu": {**timed, "device": "cpu", "machine": flagged}}})
+    assert "| Some CPU (avx2), 2 cores, 2 torch threads |" in lines[2]
+
+
+def test_the_transformer_words_recipe_is_probed_untied_as_its_run_trains():
+    config = fingerprint.ConfigRef("flickr8k_full_transformer_scst_words").load()
+    assert config.train.trainable == "output" and not config.model.transformer.tie_embeddings
+    assert fingerprint.ConfigRef("flickr8k_full_transformer").load().model.transformer.tie_embeddings
+    steps = fingerprint.compute("train flickr8k_full_transformer_scst_words")["steps"]
+    assert [step["objective"] for step in steps] == ["xe"] * fingerprint.TRAIN_STEPS
 
 
 def test_an_added_entry_sits_beside_those_before_each_with_its_machine(tmp_path):

@@ -87,6 +87,9 @@ class ConfigRef:
         if self.init_from:
             start = ConfigRef(self.init_from).load()
             config = dataclasses.replace(config, model=start.model, encoder=start.encoder)
+        if self.init_from or config.train.init_from:          # as a run that starts from trained weights builds it
+            from captioner.training.engine import fine_tuning_model
+            config = fine_tuning_model(config)
         return config
 
 

@@ -211,15 +211,22 @@ def marginal_attention(result: dict) -> list[str]:
     return lines
 
 
+WIDEST_FIRST = ("amx_bf16", "avx512_bf16", "avx512f", "avx2", "avx")
+"""Vector extensions from the widest down: a CPU is named with the first it has."""
+
+
 def recipe_times(result: dict) -> list[str]:
     """Each shipped Flickr8k recipe's wall time end to end (``scripts/recipe_time.py``), alone on its machine: training
-    with its validations, then scoring the best checkpoint on every validation photo."""
+    with its validations, then scoring the best checkpoint on every validation photo. A CPU is named with the widest
+    vector extension it has (``avx512_bf16``: native bf16)."""
     lines = header("recipe", "device", "precision", "epochs", "train min", "score min", "total min",
                    "load before (1 min)", "val CIDEr")
     for entry in result["entries"].values():
         machine = entry["machine"]
+        flags = machine.get("cpu_flags") or []
+        widest = next((f" ({flag})" for flag in WIDEST_FIRST if flag in flags), "")
         device = (entry["device"] if entry["device"] != "cpu" else
-                  f"{machine['cpu']}, {machine['cores']} cores, {machine['threads']} torch threads")
+                  f"{machine['cpu']}{widest}, {machine['cores']} cores, {machine['threads']} torch threads")
         lines.append(row(f"`{entry['recipe']}`", device, "bf16" if entry["precision"] else "float32", entry["epochs"],
                          number(entry["train_seconds"] / 60, 1), number(entry["score_seconds"] / 60, 1),
                          number((entry["train_seconds"] + entry["score_seconds"]) / 60, 1),

@@ -465,13 +465,22 @@ def initial_checkpoint(config: Config) -> tuple[dict, dict | None]:
     changed = [k for section in ("model", "encoder") for k in _differences(old[section], new[section], f"{section}.")]
     if changed:
         log.info("%s: taking its model and encoder settings (%s differed)", path, ", ".join(changed))
-    model = carried.model
-    if config.train.trainable == "output" and model.decoder == "transformer" and model.transformer.tie_embeddings:
+    started = fine_tuning_model(dataclasses.replace(config, model=carried.model, encoder=carried.encoder))
+    if started.model is not carried.model:
         log.info("train.trainable output: the output layer is untied from the word embedding, which stays frozen "
                  "(model.transformer.tie_embeddings false from here on)")
-        untied = dataclasses.replace(model.transformer, tie_embeddings=False)
-        model = ModelConfig(model.decoder, **{**model.sections, "transformer": untied})
-    return dataclasses.replace(config, model=model, encoder=carried.encoder), initial
+    return started, initial
+
+
+def fine_tuning_model(config: Config) -> Config:
+    """``config`` with the model a run that starts from trained weights builds: under ``train.trainable=output``, a
+    Transformer's output layer untied from its word embedding, so that the embedding stays frozen (the results
+    check's training probe builds it so too)."""
+    model = config.model
+    if config.train.trainable != "output" or model.decoder != "transformer" or not model.transformer.tie_embeddings:
+        return config
+    untied = dataclasses.replace(model.transformer, tie_embeddings=False)
+    return dataclasses.replace(config, model=ModelConfig(model.decoder, **{**model.sections, "transformer": untied}))
 
 
 def restore(run: Run, checkpoint: dict) -> TrainState:
