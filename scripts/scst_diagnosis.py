@@ -22,8 +22,6 @@ Never commit what the runs write (runs/): the photos are for research use only.
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import functools
 import json
 import math
 from collections.abc import Sequence
@@ -35,9 +33,7 @@ from hard_attention_diagnosis import differences, joined_record, merged
 
 from captioner.checkpoint import load_checkpoint
 from captioner.config import load_config, recipes
-from captioner.data.config import DataConfig
-from captioner.data.readers import read_split
-from captioner.data.vocabulary import CaptionCounts, Vocabulary, caption_counts
+from captioner.data.vocabulary import Vocabulary, with_training_counts
 from captioner.decoding.search import DecodeConfig
 from captioner.evaluation.diversity import unseen_endings
 from captioner.results.record import machine_block, write_result
@@ -99,21 +95,11 @@ def folder_name(mode: str) -> str:
     return mode.replace(ADJUSTED, "_logit_adjustment_").replace(SEEN_ENDINGS, "_seen_endings")
 
 
-@functools.cache
-def training_counts(data: str) -> CaptionCounts:
-    """What the train captions of the ``data`` section (``dataclasses.asdict``, as JSON) count."""
-    records = read_split(DataConfig(**json.loads(data)), "train")
-    return caption_counts(caption for record in records for caption in record.captions)
-
-
 def with_endings(checkpoint: Path, folder: Path) -> Vocabulary:
     """The vocabulary of ``checkpoint`` with its training captions' endings (for :func:`unseen_endings`), counted on
     the train split of its run's data where it was saved without them."""
     vocab = Vocabulary.from_dict(load_checkpoint(checkpoint)["vocab"])
-    if vocab.endings is None:
-        data = dataclasses.asdict(load_config(folder / "config.yaml").data)
-        vocab = Vocabulary.counted(vocab.words, training_counts(json.dumps(data, sort_keys=True)))
-    return vocab
+    return vocab if vocab.endings is not None else with_training_counts(vocab, load_config(folder / "config.yaml").data)
 
 
 def decode_overrides(decode: dict) -> list[str]:
