@@ -135,3 +135,31 @@ def test_a_slow_probe_still_measures_its_minimum_of_pairs_and_takes_their_median
     assert len(steps) == 2 + 2 * precision.PROBE_MIN_PAIRS       # warm-up pair, then the minimum
     assert steps[2:] == [False, True, True, False] * (precision.PROBE_MIN_PAIRS // 2)
     assert ratio == 1.0
+
+
+@pytest.mark.parametrize("overrides", [["model.lstm.attention_mode=soft"], ["model.lstm.attention_mode=hard"],
+                                       ["model.lstm.attention_mode=marginal"],
+                                       ["model.lstm.attention_mode=variational"], ["model.decoder=transformer"]])
+def test_a_float64_model_keeps_float64_through_its_loss_and_decoding(overrides):
+    """The result probes run in float64 (captioner.results.fingerprint): no step of a decoder, its loss or the beam
+    search rounds to float32 on the way, which brought back the rounding the probes run in float64 to avoid."""
+    from captioner.core.floats import widened
+    from captioner.decoding.search import DecodeConfig, decode
+    from captioner.results import fingerprint
+
+    assert widened(torch.ones(2, dtype=torch.bfloat16)).dtype == torch.float32
+    with fingerprint.probe_conditions():
+        config = load_config(None, ["data.features=features", "model.lstm.hidden_dim=16", "model.lstm.attention_dim=8",
+                                    "model.lstm.embed_dim=8", "model.transformer.d_model=16",
+                                    "model.transformer.ffn_dim=16", "model.transformer.num_heads=2", *overrides])
+        vocab = fingerprint.probe_vocabulary()
+        model = fingerprint.probe_model(config, vocab)
+        batch = fingerprint.probe_batch(config, vocab, model)
+        out = model(batch["captions"], features=batch["features"])
+        losses = build_loss(model.decoder, config.loss)(out, batch["captions"][:, 1:])
+        floats = {name: value.dtype for name, value in losses.items() if value.is_floating_point()}
+        assert "loss" in floats and floats == dict.fromkeys(floats, torch.float64)
+        model.eval()
+        generated = decode(model.decoder, model.regions(features=batch["features"][:2]), vocab,
+                           DecodeConfig(beam=2, max_length=5), images=[0, 1])
+        assert all(g.attention["alpha"].dtype == torch.float64 for g in generated)

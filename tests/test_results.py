@@ -149,6 +149,35 @@ def test_a_probe_agrees_within_the_tolerance_and_names_what_differs():
                                                       "steps.0.losses.loss: 3.0 -> 3.01"]
 
 
+KERNELS = {"ATEN_CPU_CAPABILITY": "default", "MKL_ENABLE_INSTRUCTIONS": "SSE4_2", "DNNL_MAX_CPU_ISA": "SSE41"}
+"""The narrowest vector kernels of torch, MKL and oneDNN, as a CPU without AVX runs them (ignored off x86)."""
+
+
+@pytest.mark.parametrize("probe", ["decode flickr8k_full_transformer", "train flickr8k_full_hard"])
+def test_a_probe_computes_the_same_numbers_with_another_cpus_kernels(probe):
+    """A result measured on one CPU stays current on another: the probe that fits a Transformer for some Adam steps
+    and the one that trains hard attention (sampled regions) agree within the tolerance between this CPU's kernels
+    and the narrowest ones (in float32 they differed in the third digit between AVX2 and AVX-512)."""
+    import os
+    import subprocess
+    import sys
+
+    script = f"import json; from captioner.results.fingerprint import compute; print(json.dumps(compute({probe!r})))"
+    done = subprocess.run([sys.executable, "-c", script], env=os.environ | KERNELS, capture_output=True, text=True,
+                          check=True)
+    assert fingerprint.differences(fingerprint.compute(probe), json.loads(done.stdout)) == []
+
+
+def test_probes_run_in_float64_and_restore_the_default_dtype():
+    import torch
+
+    with fingerprint.probe_conditions():
+        assert torch.get_default_dtype() == torch.float64
+    assert torch.get_default_dtype() == torch.float32
+    assert fingerprint.compute("decode demo_transformer data.features=features")["captions"]
+    assert torch.get_default_dtype() == torch.float32
+
+
 def test_recipe_times_names_the_cpu_with_its_widest_vectors_and_threads_and_a_gpu_by_its_name():
     from captioner.results.tables import recipe_times
 

@@ -14,3 +14,9 @@ def flush_denormals() -> bool:
     exists: a command calls this first, before any parallel torch operation (set later, it reaches the calling
     thread only). Returns False where the CPU has no such flag (set by SSE3 on x86, by FZ on ARM)."""
     return torch.set_flush_denormal(True)
+
+
+def widened(x: torch.Tensor) -> torch.Tensor:
+    """``x`` in float32 where autocast computed it in half precision (float16, bfloat16), else as it is: the
+    precision that softmax, log-probabilities and sums over a caption are taken in (float64 stays float64)."""
+    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x

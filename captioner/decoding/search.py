@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from captioner.core.floats import widened
 from captioner.core.settings import check_settings, setting
 from captioner.data.text import OPEN_WORDS
 from captioner.errors import CaptionerError
@@ -182,7 +183,7 @@ def _stack_attention(history: list[dict[str, torch.Tensor]]) -> dict[str, torch.
 def _generation(words: list[int], log_prob: float, attention: dict[str, torch.Tensor], row: int,
                 end_index: int) -> Generation:
     length = words.index(end_index) if end_index in words else len(words)
-    return Generation(words[:length], log_prob, {k: v[row, :length].float().cpu() for k, v in attention.items()})
+    return Generation(words[:length], log_prob, {k: widened(v[row, :length]).cpu() for k, v in attention.items()})
 
 
 def _generations(tokens: torch.Tensor, log_probs: torch.Tensor, attention: dict[str, torch.Tensor],
@@ -248,7 +249,7 @@ def _truncate(log_probs: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor
 def _draw(log_probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     """Words (N,) drawn from ``softmax(log_probs)`` (N, V) by inverting its cumulative distribution at
     ``uniforms`` (N,): a word of zero probability is never drawn."""
-    probs = torch.softmax(log_probs.float(), dim=1)
+    probs = torch.softmax(widened(log_probs), dim=1)
     cdf = probs.cumsum(dim=1)
     target = (uniforms.to(cdf.device, cdf.dtype) * cdf[:, -1]).clamp_min(torch.finfo(cdf.dtype).tiny)
     return (cdf < target[:, None]).sum(dim=1).clamp(max=probs.shape[1] - 1)
@@ -431,7 +432,7 @@ class PriorAdjusted:
 
     def step(self, tokens: torch.Tensor, state: dict[str, torch.Tensor]):
         log_probs, state, attention = self.decoder.step(tokens, state)
-        shifted = log_probs.float() + self.shift.to(log_probs.device)
+        shifted = widened(log_probs) + self.shift.to(log_probs.device)
         return torch.log_softmax(shifted, dim=1).to(log_probs.dtype), state, attention
 
 

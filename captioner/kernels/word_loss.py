@@ -12,13 +12,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from captioner.core.floats import widened
 from captioner.kernels.switch import backward_keeps_graph, fused_enabled
 
 
 def word_negative_log_likelihood_plain(logits: torch.Tensor, targets: torch.Tensor,
                                        uniform: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """``(nll, spread)`` by ordinary autograd (see the module)."""
-    log_probs = F.log_softmax(logits.float(), dim=-1)                      # (W, V)
+    log_probs = F.log_softmax(widened(logits), dim=-1)                     # (W, V)
     nll = -log_probs.gather(1, targets.unsqueeze(1)).sum()
     spread = -log_probs.mean(dim=-1).sum() if uniform else log_probs.new_zeros(())
     return nll, spread
@@ -31,7 +32,7 @@ class WordNegativeLogLikelihood(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits, targets, uniform: bool):
-        log_probs = F.log_softmax(logits.float(), dim=-1)                      # (W, V)
+        log_probs = F.log_softmax(widened(logits), dim=-1)                     # (W, V)
         nll = -log_probs.gather(1, targets.unsqueeze(1)).sum()
         spread = -log_probs.mean(dim=-1).sum() if uniform else log_probs.new_zeros(())
         ctx.save_for_backward(log_probs, targets)

@@ -23,6 +23,7 @@ import math
 import torch
 from torch import nn
 
+from captioner.core.floats import widened
 from captioner.kernels.additive_score import additive_tanh_scores
 
 SCORES = ("additive", "dot", "scaled_dot", "general", "none")
@@ -98,4 +99,4 @@ class RegionAttention(nn.Module):
             scores = scores * self.log_sharpness.exp()
         if mask is not None:
             scores = scores.masked_fill(~mask, float("-inf"))
-        return torch.softmax(scores.float(), dim=-1).to(query.dtype)             # alpha_t, eq. 5
+        return torch.softmax(widened(scores), dim=-1).to(query.dtype)            # alpha_t, eq. 5

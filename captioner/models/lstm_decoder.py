@@ -45,6 +45,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from captioner.core.floats import widened
 from captioner.core.settings import check_settings, setting
 from captioner.data.tokens import PAD_INDEX
 from captioner.kernels.recurrence import StepRecord, prefixes, recurrent_terms
@@ -210,7 +211,7 @@ class LSTMDecoder(nn.Module):
         if self.samples_locations and (self.training or self.config.hard_decode != "expectation"):
             if self.training or self.config.hard_decode == "sample":
                 # s_t ~ Multinoulli(alpha_t), eq. 8
-                location = torch.multinomial(alpha.detach().float(), 1).squeeze(1)
+                location = torch.multinomial(widened(alpha.detach()), 1).squeeze(1)
             else:
                 location = alpha.argmax(dim=-1)
             chosen = F.one_hot(location, alpha.shape[1]).to(alpha.dtype)
@@ -279,7 +280,7 @@ class LSTMDecoder(nn.Module):
 
     def _mixture(self, regions, base, keep, images, alpha, gate, z) -> torch.Tensor:
         """One piece of :meth:`mixture_log_probs`."""
-        alpha = alpha.float()                # top-k and its renormalisation in float32, whatever autocast gives
+        alpha = widened(alpha)               # top-k and its renormalisation in float32 (or float64), not half
         k = self.config.marginal_regions
         top_k = 0 < k < alpha.shape[1]
         if top_k:                            # the k regions of highest alpha
@@ -292,15 +293,15 @@ class LSTMDecoder(nn.Module):
         if top_k and self.soft_rest:   # + the others' soft context, at the rest of alpha's mass: z less the top k
             # (z's rounding error is divided by the rest's mass r, and the component's weight is r again)
             rest = alpha.scatter(1, index, 0.0).sum(dim=1, keepdim=True)       # (n, 1)
-            top = (weights.unsqueeze(2) * chosen.float()).sum(dim=1)           # (n, D'): beta sum_top alpha_i a_i
-            context = (z.float() - top) / rest.clamp_min(1e-12)                # beta sum_rest alpha_i a_i / rest
+            top = (weights.unsqueeze(2) * widened(chosen)).sum(dim=1)          # (n, D'): beta sum_top alpha_i a_i
+            context = (widened(z) - top) / rest.clamp_min(1e-12)               # beta sum_rest alpha_i a_i / rest
             weights = torch.cat([weights, rest], dim=1)
             chosen = torch.cat([chosen, context.to(chosen.dtype).unsqueeze(1)], dim=1)
         elif top_k:                                                           # alpha renormalised over them
             weights = weights / weights.sum(dim=1, keepdim=True)
         deep = torch.tanh(base.unsqueeze(1) + self.out_context(chosen)) * keep.unsqueeze(1)   # (n, k, E)
-        log_p = torch.log_softmax(self.out_words(deep).float(), dim=-1)       # (n, k, V): log p(y | a_i)
-        return torch.logsumexp(log_p + weights.float().clamp_min(1e-30).log().unsqueeze(-1), dim=1)
+        log_p = torch.log_softmax(widened(self.out_words(deep)), dim=-1)      # (n, k, V): log p(y | a_i)
+        return torch.logsumexp(log_p + widened(weights).clamp_min(1e-30).log().unsqueeze(-1), dim=1)
 
     # -- teacher forcing ------------------------------------------------------------------------------
     def hidden_maps(self) -> list[nn.Module]:
@@ -397,7 +398,7 @@ class LSTMDecoder(nn.Module):
             h_prev = (h0 if t == 0 else hs[t - 1])[:n]
             query = torch.cat([h_prev, reading[:n, t].to(h_prev.dtype)], dim=1)
             posteriors.append(self.posterior(None if keys is None else keys[:n], query, regions.shape[1]))
-        q, alpha = torch.cat(posteriors).float(), torch.cat(alphas).float()                # (W, L)
+        q, alpha = widened(torch.cat(posteriors)), widened(torch.cat(alphas))               # (W, L)
         log_q = q.clamp_min(1e-12).log()
         kl = (q * (log_q - alpha.clamp_min(1e-12).log())).sum(dim=1)                       # exact, over the L regions
         locations = torch.multinomial(q.detach(), 1).squeeze(1)                            # s_t ~ q_t
@@ -499,7 +500,7 @@ class LSTMDecoder(nn.Module):
             images = torch.arange(tokens.shape[0], device=tokens.device) // (tokens.shape[0] // regions.shape[0])
             log_probs = self.mixture_log_probs(embedded, h, regions, images, alpha, location_info.get("gate"), z)
         else:
-            log_probs = torch.log_softmax(self.output_logits(embedded, h, z).float(), dim=-1)
+            log_probs = torch.log_softmax(widened(self.output_logits(embedded, h, z)), dim=-1)
         attention = {"alpha": alpha}
         if "chosen" in location_info:
             attention["chosen"] = location_info["chosen"]

@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from captioner.core.floats import widened
 from captioner.core.settings import check_settings, setting
 from captioner.data.tokens import PAD_INDEX
 from captioner.models.decoder import TeacherForced
@@ -305,7 +306,7 @@ class TransformerDecoder(nn.Module):
             prefix = torch.cat([state["tokens"], tokens[:, None]], dim=1)
             states, weights = self.run_layers(prefix, self.memory_kv(state["memory"]))
             new_state = {**state, "tokens": prefix, "position": position + 1}
-            log_probs = torch.log_softmax(self.out_words(states[:, -1]).float(), dim=-1)
+            log_probs = torch.log_softmax(widened(self.out_words(states[:, -1])), dim=-1)
             return log_probs, new_state, {"alpha": weights[:, :, -1].mean(dim=1)} if self.attends else {}
         self.check_length(state["self_k0"].shape[2] + 1)
         x = self.embed(tokens[:, None], position[:, None])
@@ -318,5 +319,5 @@ class TransformerDecoder(nn.Module):
             new_state[f"self_k{i}"], new_state[f"self_v{i}"] = keys, values
             if layer_weights is not None:
                 weights.append(layer_weights)
-        log_probs = torch.log_softmax(self.out_words(self.final_norm(x[:, 0])).float(), dim=-1)
+        log_probs = torch.log_softmax(widened(self.out_words(self.final_norm(x[:, 0]))), dim=-1)
         return log_probs, new_state, {"alpha": reported(weights).mean(dim=1)[:, 0]} if self.attends else {}

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from captioner.core.floats import widened
 from captioner.core.settings import check_settings, setting
 from captioner.kernels.word_loss import word_negative_log_likelihood
 from captioner.models.decoder import TeacherForced
@@ -64,7 +65,7 @@ def doubly_stochastic_term(alpha: torch.Tensor, mask: torch.Tensor, weight: floa
     """
     if scale not in ("caption", "word"):
         raise ValueError(f"loss.doubly_stochastic_scale must be caption or word, not {scale!r}")
-    coverage = (alpha.float() * mask.unsqueeze(-1)).sum(dim=1)             # (B, L)
+    coverage = (widened(alpha) * mask.unsqueeze(-1)).sum(dim=1)            # (B, L)
     per_caption = ((1.0 - coverage) ** 2).sum(dim=1)                        # (B,)
     if scale == "word":
         return weight * per_caption.sum() / mask.sum().clamp_min(1)
@@ -155,15 +156,15 @@ class HardAttentionLoss(nn.Module):
         else:
             baseline = self.baseline if c.hard_baseline == "moving" else torch.zeros_like(self.baseline)
         advantage = (reward - baseline) * counted
-        location_log_prob = out.log_prob_location.float() * mask
+        location_log_prob = widened(out.log_prob_location) * mask
         location_log_prob = location_log_prob if per_word else location_log_prob.sum(dim=1)
         reinforce = c.reinforce_scale * reinforce_term(advantage, location_log_prob, words)
-        entropy = (out.entropy.float() * mask).sum() / words
+        entropy = (widened(out.entropy) * mask).sum() / words
         result = {"cross_entropy": cross_entropy, "words": words, "reinforce": reinforce, "entropy": entropy,
                   "reward": (reward[mask] if per_word else reward).mean(), "baseline": self.baseline.detach().clone()}
         word_loss = cross_entropy
         if c.label_smoothing > 0:       # -sum_w mean_v log p_w(v), the uniform targets' cross-entropy
-            spread = -F.log_softmax(out.logits.float(), dim=-1).mean(dim=-1).sum()
+            spread = -F.log_softmax(widened(out.logits), dim=-1).mean(dim=-1).sum()
             word_loss = (1 - c.label_smoothing) * cross_entropy + c.label_smoothing * spread / words
         loss = word_loss + reinforce - c.entropy_weight * entropy
         if c.doubly_stochastic > 0:
@@ -201,8 +202,8 @@ class VariationalAttentionLoss(nn.Module):
         reward = (drawn_words - soft_words).detach()                                    # (B, T), 0 at padding
         words = result["words"]
         result |= {"drawn_cross_entropy": drawn["cross_entropy"], "reward": reward[mask].mean(),
-                   "reinforce": c.reinforce_scale * reinforce_term(reward, out.log_prob_location.float() * mask, words),
-                   "kl": (out.kl.float() * mask).sum() / words}
+                   "reinforce": c.reinforce_scale * reinforce_term(reward, widened(out.log_prob_location) * mask, words),
+                   "kl": (widened(out.kl) * mask).sum() / words}
         result["loss"] = result["loss"] + drawn["loss"] + result["reinforce"] + result["kl"]
         return result
 
@@ -212,7 +213,7 @@ def word_log_likelihoods(logits: torch.Tensor, targets: torch.Tensor) -> tuple[t
     :class:`~captioner.models.decoder.TeacherForced` layout) and ``targets`` (B', T), and the mask (B', T) of the
     real words."""
     mask = targets != 0
-    word_log_probs = -F.cross_entropy(logits.float(), targets[mask], reduction="none")           # (W,)
+    word_log_probs = -F.cross_entropy(widened(logits), targets[mask], reduction="none")          # (W,)
     return torch.zeros(mask.shape, device=mask.device).masked_scatter(mask, word_log_probs), mask
 
 

@@ -23,6 +23,7 @@ from contextlib import contextmanager
 import numpy as np
 import torch
 
+from captioner.core.floats import widened
 from captioner.data.text import tokenize
 from captioner.data.vocabulary import Vocabulary
 from captioner.decoding.search import TokenRules, sample_captions
@@ -121,7 +122,7 @@ class SelfCritical:
         log_probs = drawn.log_probs
         out = {}
         if decoder.samples_locations:               # hard attention: the sampled locations share the reward
-            alpha = drawn.attention["alpha"].float()
+            alpha = widened(drawn.attention["alpha"])
             log_probs = log_probs + (alpha * drawn.attention["chosen"]).sum(-1).clamp_min(1e-12).log() * mask
             out["attention_entropy"] = -(alpha * alpha.clamp_min(1e-12).log()).sum(-1).mul(mask).sum() / mask.sum()
         loss = policy_loss(rewards - baseline, log_probs, mask)
