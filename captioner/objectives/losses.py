@@ -214,7 +214,7 @@ def word_log_likelihoods(logits: torch.Tensor, targets: torch.Tensor) -> tuple[t
     real words."""
     mask = targets != 0
     word_log_probs = -F.cross_entropy(widened(logits), targets[mask], reduction="none")          # (W,)
-    return torch.zeros(mask.shape, device=mask.device).masked_scatter(mask, word_log_probs), mask
+    return word_log_probs.new_zeros(mask.shape).masked_scatter(mask, word_log_probs), mask
 
 
 def caption_log_likelihood(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
