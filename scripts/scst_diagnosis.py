@@ -98,8 +98,8 @@ def folder_name(mode: str) -> str:
 def with_endings(checkpoint: Path, folder: Path) -> Vocabulary:
     """The vocabulary of ``checkpoint`` with its training captions' endings (for :func:`unseen_endings`), counted on
     the train split of its run's data where it was saved without them."""
-    vocab = Vocabulary.from_dict(load_checkpoint(checkpoint)["vocab"])
-    return vocab if vocab.endings is not None else with_training_counts(vocab, load_config(folder / "config.yaml").data)
+    return with_training_counts(Vocabulary.from_dict(load_checkpoint(checkpoint)["vocab"]),
+                                load_config(folder / "config.yaml").data)
 
 
 def decode_overrides(decode: dict) -> list[str]:

@@ -13,7 +13,8 @@ from captioner.config import DataConfig
 from captioner.data import readers
 from captioner.data.dataset import CaptionDataset
 from captioner.data.readers import read_karpathy_splits, read_split, read_splits
-from captioner.data.vocabulary import Vocabulary, save_vocabulary, training_vocabulary, vocabulary_report
+from captioner.data.vocabulary import (Vocabulary, save_vocabulary, training_vocabulary, vocabulary_report,
+                                      with_training_counts)
 from captioner.errors import CaptionerError
 from captioner.evaluation import grounding
 
@@ -71,6 +72,10 @@ def test_the_vocabulary_report_counts_as_the_vocabulary_builds(tmp_path):
     plain = dataclasses.replace(config, vocab=str(tmp_path / "plain.json"))
     counted = training_vocabulary(plain, read_split(plain, "train"))
     assert (counted.words, counted.counts, counted.endings) == (built.words, built.counts, built.endings)
+    gone = dataclasses.replace(config, karpathy=str(tmp_path / "gone.json"))
+    assert with_training_counts(counted, gone) is counted          # complete: returned as it is, no caption read
+    with pytest.raises(CaptionerError, match="gone.json"):
+        with_training_counts(Vocabulary(built.words), gone)
 
 
 def test_grounding_parses_the_instances_file_once(tmp_path, monkeypatch):

@@ -186,9 +186,7 @@ def training_vocabulary(data_config: DataConfig, train_records) -> Vocabulary:
     written without counts or endings), else built from the train captions with ``data.vocab_min_count`` and
     ``data.vocab_max_size``."""
     if data_config.vocab:
-        vocab = load_vocabulary(data_config.vocab)
-        complete = vocab.counts is not None and vocab.endings is not None
-        return vocab if complete else with_training_counts(vocab, data_config, train_records)
+        return with_training_counts(load_vocabulary(data_config.vocab), data_config, train_records)
     return Vocabulary.build((c for r in train_records for c in r.captions), data_config.vocab_min_count,
                             data_config.vocab_max_size)
 
@@ -196,7 +194,9 @@ def training_vocabulary(data_config: DataConfig, train_records) -> Vocabulary:
 def with_training_counts(vocab: Vocabulary, data_config: DataConfig, train_records=None) -> Vocabulary:
     """``vocab`` with its words' counts and endings in the train captions of ``data_config`` (``train_records`` when
     already read) where it was saved without them (a checkpoint of an earlier version, a vocabulary file); what it
-    kept stays."""
+    kept stays, and a vocabulary that kept both is returned as it is, its captions not read."""
+    if vocab.counts is not None and vocab.endings is not None:
+        return vocab
     records = read_split(data_config, "train") if train_records is None else train_records
     counted = Vocabulary.counted(vocab.words, caption_counts(c for record in records for c in record.captions))
     return Vocabulary(vocab.words, counted.counts if vocab.counts is None else vocab.counts,

@@ -327,9 +327,9 @@ def build_run(config: Config, world: World, device: torch.device, checkpoint: di
     by_split = read_splits(data, ("train", "val"))     # a Karpathy file parsed once for both
     train_records, val_records = by_split["train"], by_split["val"]
     carried = checkpoint or initial
-    vocab = Vocabulary.from_dict(carried["vocab"]) if carried else training_vocabulary(data, train_records)
-    if vocab.counts is None or vocab.endings is None:     # carried from a checkpoint saved before they were kept
-        vocab = with_training_counts(vocab, data, train_records)
+    # a carried vocabulary as saved, its counts and endings counted where it was saved before they were kept
+    vocab = (with_training_counts(Vocabulary.from_dict(carried["vocab"]), data, train_records) if carried
+             else training_vocabulary(data, train_records))
     model = build_model(config, len(vocab), pretrained=carried is None)
     if initial is not None:
         model.load_state_dict(model_and_loss_states(initial)[0])
