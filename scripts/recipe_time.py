@@ -5,9 +5,10 @@ It trains the recipe as it ships (seed 0, its epochs and validations, ``amp: aut
 may use as torch threads, then scores the best checkpoint on the whole validation split (beam and decoding of the
 recipe), and writes the wall time of each, with the machine, the load on it before the run started, the precision
 chosen, the epochs and the validation CIDEr, into ``benchmarks/results/recipe_times.json`` beside the recipes and
-machines timed before (one entry per recipe and device). The docs' results page renders it as a table. Run it on an
-otherwise idle machine: a second job on the same cores would be timed too, and the entry's ``load_before`` says
-whether one was there.
+machines timed before (one entry per recipe and device: a GPU by its name, a CPU by its model and widest vector
+extension, so that timing a recipe on another CPU keeps the one timed before). The docs' results page renders it as
+a table. Run it on an otherwise idle machine: a second job on the same cores would be timed too, and the entry's
+``load_before`` says whether one was there.
 
     python scripts/recipe_time.py flickr8k_full_hard          # on the CPU, or on the GPU where there is one
     python scripts/render_results.py                          # the table on docs/results.md
@@ -23,7 +24,8 @@ from pathlib import Path
 
 from captioner.config import load_config, recipes
 from captioner.core.console import LOG_FORMAT
-from captioner.results.record import add_entry
+from captioner.results.record import add_entry, machine_block
+from captioner.results.tables import cpu_name
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = "recipe_times"
@@ -36,6 +38,11 @@ def device_name() -> str:
     import torch
 
     return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+
+
+def entry_key(entry: dict, machine: dict) -> str:
+    """The key of a timing in the result: ``RECIPE on GPU`` or ``RECIPE on CPU (WIDEST EXTENSION)``."""
+    return f"{entry['recipe']} on {entry['device'] if entry['device'] != 'cpu' else cpu_name(machine)}"
 
 
 def time_recipe(name: str, overrides: list[str]) -> dict:
@@ -72,7 +79,7 @@ def main() -> None:
     entry = time_recipe(args.recipe, args.overrides)
     print(entry)
     if not args.overrides:      # beside the entries of the other recipes and devices (its table: results.tables)
-        add_entry(RESULTS, "entries", f"{entry['recipe']} on {entry['device']}", entry, configs=[args.recipe],
+        add_entry(RESULTS, "entries", entry_key(entry, machine_block()), entry, configs=[args.recipe],
                   probes=[f"{probe} {args.recipe}" for probe in ("train", "decode")])
 
 

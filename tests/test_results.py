@@ -279,6 +279,20 @@ def load_script(name: str):
     return module
 
 
+def test_a_recipe_timed_on_another_cpu_keeps_the_timing_of_the_first(monkeypatch, tmp_path):
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    entry_key = load_script("recipe_time").entry_key
+    timed = {"recipe": "demo_soft", "device": "cpu", "train_seconds": 60.0}
+    keys = [entry_key(timed, {"cpu": "AMD EPYC", "cpu_flags": flags}) for flags in (["avx2"], ["avx2", "avx512_bf16"])]
+    keys.append(entry_key(timed, {"cpu": "Intel(R) Xeon(R) Processor @ 2.80GHz", "cpu_flags": ["avx2", "avx512f"]}))
+    assert keys == ["demo_soft on AMD EPYC (avx2)", "demo_soft on AMD EPYC (avx512_bf16)",
+                    "demo_soft on Intel(R) Xeon(R) Processor @ 2.80GHz (avx512f)"]
+    assert entry_key({**timed, "device": "NVIDIA H200"}, {"cpu": "AMD EPYC"}) == "demo_soft on NVIDIA H200"
+    for key in keys:
+        add_entry("timed", "entries", key, timed, configs=["demo_soft"], probes=["text"], results_dir=tmp_path)
+    assert list(json.loads((tmp_path / "timed.json").read_text())["result"]["entries"]) == keys
+
+
 def test_a_cuda_check_and_its_rerun_gather_into_one_result_with_the_gpu_machines_block(tmp_path):
     gather = load_script("cuda_check_result").gather
     first, rerun = tmp_path / "first", tmp_path / "rerun"

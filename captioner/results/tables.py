@@ -215,6 +215,13 @@ WIDEST_FIRST = ("amx_bf16", "avx512_bf16", "avx512f", "avx2", "avx")
 """Vector extensions from the widest down: a CPU is named with the first it has."""
 
 
+def cpu_name(machine: dict) -> str:
+    """A machine block's CPU with the widest vector extension it has: ``AMD EPYC (avx512_bf16)``, for one CPU model
+    string covers machines with and without native bf16."""
+    flags = machine.get("cpu_flags") or []
+    return machine["cpu"] + next((f" ({flag})" for flag in WIDEST_FIRST if flag in flags), "")
+
+
 def recipe_times(result: dict) -> list[str]:
     """Each shipped Flickr8k recipe's wall time end to end (``scripts/recipe_time.py``), alone on its machine: training
     with its validations, then scoring the best checkpoint on every validation photo. A CPU is named with the widest
@@ -223,10 +230,8 @@ def recipe_times(result: dict) -> list[str]:
                    "load before (1 min)", "val CIDEr")
     for entry in result["entries"].values():
         machine = entry["machine"]
-        flags = machine.get("cpu_flags") or []
-        widest = next((f" ({flag})" for flag in WIDEST_FIRST if flag in flags), "")
         device = (entry["device"] if entry["device"] != "cpu" else
-                  f"{machine['cpu']}{widest}, {machine['cores']} cores, {machine['threads']} torch threads")
+                  f"{cpu_name(machine)}, {machine['cores']} cores, {machine['threads']} torch threads")
         lines.append(row(f"`{entry['recipe']}`", device, "bf16" if entry["precision"] else "float32", entry["epochs"],
                          number(entry["train_seconds"] / 60, 1), number(entry["score_seconds"] / 60, 1),
                          number((entry["train_seconds"] + entry["score_seconds"]) / 60, 1),
