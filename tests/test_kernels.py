@@ -123,6 +123,14 @@ def test_the_word_loss_fused_and_plain_agree_in_values_and_gradients(dtype, unif
         assert torch.equal(word_loss.word_negative_log_likelihood(**inputs)[0], plain["out0"])
 
 
+@pytest.mark.parametrize("fused", [False, True])
+def test_the_word_loss_of_half_precision_logits_is_float32(fused):
+    logits, targets = torch.randn(9, 11).bfloat16(), torch.randint(0, 11, (9,))
+    with kernels.fused(fused):
+        nll, spread = word_loss.word_negative_log_likelihood(logits, targets, uniform=True)
+    assert nll.dtype == spread.dtype == torch.float32
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_one_node_for_the_prefixes_has_the_gradients_of_slices(dtype):
     sizes = [4, 4, 3, 1]

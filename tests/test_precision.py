@@ -5,6 +5,8 @@ import logging
 import pytest
 import torch
 from conftest import tiny_config
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from captioner.checkpoint import build_model, load_checkpoint
 from captioner.config import load_config
@@ -137,12 +139,30 @@ def test_a_slow_probe_still_measures_its_minimum_of_pairs_and_takes_their_median
     assert ratio == 1.0
 
 
+class Float32Made(TorchDispatchMode):
+    """Records each operation that makes a float32 tensor from a float64 one, or from no tensor at all."""
+
+    def __init__(self):
+        super().__init__()
+        self.found = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        made = any(isinstance(t, torch.Tensor) and t.dtype == torch.float32 for t in tree_leaves(out))
+        if made and (not inputs or any(t.dtype == torch.float64 for t in inputs)):
+            self.found.append(str(func))
+        return out
+
+
 @pytest.mark.parametrize("overrides", [["model.lstm.attention_mode=soft"], ["model.lstm.attention_mode=hard"],
                                        ["model.lstm.attention_mode=marginal"],
-                                       ["model.lstm.attention_mode=variational"], ["model.decoder=transformer"]])
+                                       ["model.lstm.attention_mode=variational", "model.lstm.region_position=sinusoidal"],
+                                       ["model.decoder=transformer", "model.transformer.region_position=sinusoidal"]])
 def test_a_float64_model_keeps_float64_through_its_loss_and_decoding(overrides):
     """The result probes run in float64 (captioner.results.fingerprint): no step of a decoder, its loss or the beam
-    search rounds to float32 on the way, which brought back the rounding the probes run in float64 to avoid."""
+    search (diverse groups, logit adjustment) makes a float32 tensor on the way, which would bring back the rounding
+    the probes run in float64 to avoid."""
     from captioner.core.floats import widened
     from captioner.decoding.search import DecodeConfig, decode
     from captioner.results import fingerprint
@@ -153,13 +173,16 @@ def test_a_float64_model_keeps_float64_through_its_loss_and_decoding(overrides):
                                     "model.lstm.embed_dim=8", "model.transformer.d_model=16",
                                     "model.transformer.ffn_dim=16", "model.transformer.num_heads=2", *overrides])
         vocab = fingerprint.probe_vocabulary()
-        model = fingerprint.probe_model(config, vocab)
-        batch = fingerprint.probe_batch(config, vocab, model)
-        out = model(batch["captions"], features=batch["features"])
-        losses = build_loss(model.decoder, config.loss)(out, batch["captions"][:, 1:])
+        vocab = type(vocab)(vocab.words, counts=[2] * len(vocab))
+        with Float32Made() as made:
+            model = fingerprint.probe_model(config, vocab)
+            batch = fingerprint.probe_batch(config, vocab, model)
+            out = model(batch["captions"], features=batch["features"])
+            losses = build_loss(model.decoder, config.loss)(out, batch["captions"][:, 1:])
+            model.eval()
+            generated = decode(model.decoder, model.regions(features=batch["features"][:2]), vocab,
+                               DecodeConfig(beam=4, beam_groups=2, max_length=5, logit_adjustment=0.5), images=[0, 1])
         floats = {name: value.dtype for name, value in losses.items() if value.is_floating_point()}
         assert "loss" in floats and floats == dict.fromkeys(floats, torch.float64)
-        model.eval()
-        generated = decode(model.decoder, model.regions(features=batch["features"][:2]), vocab,
-                           DecodeConfig(beam=2, max_length=5), images=[0, 1])
         assert all(g.attention["alpha"].dtype == torch.float64 for g in generated)
+        assert made.found == []

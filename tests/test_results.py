@@ -171,11 +171,16 @@ def test_a_probe_computes_the_same_numbers_with_another_cpus_kernels(probe):
 def test_probes_run_in_float64_and_restore_the_default_dtype():
     import torch
 
+    threads = torch.get_num_threads()
     with fingerprint.probe_conditions():
         assert torch.get_default_dtype() == torch.float64
     assert torch.get_default_dtype() == torch.float32
-    assert fingerprint.compute("decode demo_transformer data.features=features")["captions"]
+    uncached = fingerprint._compute.__wrapped__
+    assert uncached("decode demo_transformer data.features=features")["captions"]
     assert torch.get_default_dtype() == torch.float32
+    with pytest.raises(KeyError):
+        uncached("decode no_such_recipe")                       # fails inside the probe's conditions
+    assert torch.get_default_dtype() == torch.float32 and torch.get_num_threads() == threads
 
 
 def test_recipe_times_names_the_cpu_with_its_widest_vectors_and_threads_and_a_gpu_by_its_name():

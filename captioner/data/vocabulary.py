@@ -108,7 +108,7 @@ class Vocabulary:
         if self.counts is None:
             raise CaptionerError("this vocabulary was saved without its training counts")
         counts = torch.tensor(self.counts, dtype=torch.float64).clamp(min=1)
-        return (counts / counts.sum()).log().float()
+        return (counts / counts.sum()).log().to(torch.get_default_dtype())
 
     def may_end(self, tokens: torch.Tensor) -> torch.Tensor:
         """Per row of ``tokens`` (N, t) of words (no ``<start>``), whether a caption may stop there, by the

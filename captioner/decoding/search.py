@@ -403,7 +403,7 @@ def _choose(scores: torch.Tensor, log_probs: torch.Tensor, finished: torch.Tenso
     if groups == 1:
         new_scores, flat = totals.view(batch, size * vocab).topk(size, dim=1)
         return new_scores, flat // vocab, flat % vocab
-    chosen_words = torch.zeros(batch, vocab, device=scores.device)    # live choices of earlier groups, this step
+    chosen_words = totals.new_zeros(batch, vocab)                    # live choices of earlier groups, this step
     parts = []
     for group in range(groups):
         live = ~finished[:, group * size:(group + 1) * size]            # (B, size)
@@ -411,7 +411,7 @@ def _choose(scores: torch.Tensor, log_probs: torch.Tensor, finished: torch.Tenso
         _, flat = steered.reshape(batch, size * vocab).topk(size, dim=1)
         beam, word = flat // vocab, flat % vocab
         new_scores = totals[:, group].reshape(batch, size * vocab).gather(1, flat)
-        chosen_words.scatter_add_(1, word, live.gather(1, beam).float())
+        chosen_words.scatter_add_(1, word, live.gather(1, beam).to(chosen_words.dtype))
         parts.append((new_scores, beam + group * size, word))
     return tuple(torch.cat(part, dim=1) for part in zip(*parts))
 

@@ -1,10 +1,10 @@
 """The word negative log-likelihood of W packed words, with label smoothing's term beside it.
 
-From logits (W, V) and targets (W,), ``p = softmax`` in float32: ``-sum_w log p_w(target_w)`` and, when ``uniform``
-is set, ``-sum_w mean_v log p_w(v)`` (else 0). :func:`word_negative_log_likelihood` picks the fused or the plain
-version (:func:`captioner.kernels.fused_enabled`). The fused one makes one (W, V) gradient from the saved
-log-probabilities, in place unless the graph is kept, where autograd would zero-fill one for the gather and take
-the exponential again.
+From logits (W, V) and targets (W,), ``p = softmax`` in float32 (float64 logits: in float64):
+``-sum_w log p_w(target_w)`` and, when ``uniform`` is set, ``-sum_w mean_v log p_w(v)`` (else 0).
+:func:`word_negative_log_likelihood` picks the fused or the plain version (:func:`captioner.kernels.fused_enabled`).
+The fused one makes one (W, V) gradient from the saved log-probabilities, in place unless the graph is kept, where
+autograd would zero-fill one for the gather and take the exponential again.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def word_negative_log_likelihood_fused(logits: torch.Tensor, targets: torch.Tens
 
 def word_negative_log_likelihood(logits: torch.Tensor, targets: torch.Tensor,
                                  uniform: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(nll, spread)`` of logits (W, V) and targets (W,), float32 scalars: fused or plain as
+    """``(nll, spread)`` of logits (W, V) and targets (W,), float32 (or float64) scalars: fused or plain as
     :func:`captioner.kernels.fused_enabled` says."""
     if fused_enabled():
         return word_negative_log_likelihood_fused(logits, targets, uniform)

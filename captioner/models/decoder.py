@@ -7,7 +7,8 @@ A decoder is an ``nn.Module`` with
   ``<start>``; the output predicts ``captions[:, 1:]``;
 * ``init_state(regions) -> state``: a dict of tensors, batch first;
 * ``step(tokens, state) -> (log_probs, state, attention)``: ``tokens`` (N,) the previous words, ``log_probs``
-  (N, V) float32 for the next, the new state, and ``{"alpha": (N, L)}`` (hard attention: also ``"chosen"``);
+  (N, V) for the next (float32; float64 in a float64 model), the new state, and ``{"alpha": (N, L)}`` (hard
+  attention: also ``"chosen"``);
 * ``fixed_state``: the state entries that depend on the image alone, kept at one row per image while the
   others hold N = B * k rows, each image's adjacent; ``step`` broadcasts them over k = N / B;
 * ``samples_locations``: whether it samples one region per word in training (stochastic hard attention,

@@ -254,8 +254,8 @@ class LSTMDecoder(nn.Module):
                           images: torch.Tensor, alpha: torch.Tensor, gate: torch.Tensor | None,
                           z: torch.Tensor) -> torch.Tensor:
         """Marginal attention's word distribution: ``log sum_i alpha_ti softmax(L_o tanh(E y_{t-1} + L_h h_t +
-        L_z beta_t a_i))`` (N, V) float32, for rows with ``embedded`` (N, E), ``h`` (N, H), ``alpha`` (N, L), ``gate``
-        beta (N, 1 | D') or None and the gated soft context ``z`` (N, D'), reading ``regions[images]`` from
+        L_z beta_t a_i))`` (N, V) float32 or wider, for rows with ``embedded`` (N, E), ``h`` (N, H), ``alpha`` (N, L),
+        ``gate`` beta (N, 1 | D') or None and the gated soft context ``z`` (N, D'), reading ``regions[images]`` from
         ``regions`` (B, L, D') and ``images`` (N,). One dropout mask per row, shared by its regions; computed
         :data:`MIXTURE_CHUNK` logits at a time (in one piece where torch.compile or torch.export traces it: a loop
         over a dynamic number of rows cannot be traced)."""

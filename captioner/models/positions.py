@@ -18,8 +18,8 @@ def sinusoidal_code(positions: int, dim: int) -> torch.Tensor:
     """The Transformer's word-position code ``(positions, dim)``: sines then cosines of ``p / 10000^(2i/dim)``."""
     if dim % 2:
         raise ValueError(f"a sinusoidal code needs an even size, got {dim}")
-    freqs = torch.exp(-math.log(10_000.0) * torch.arange(0, dim, 2, dtype=torch.float32) / dim)
-    angles = torch.arange(positions, dtype=torch.float32)[:, None] * freqs[None, :]
+    freqs = torch.exp(-math.log(10_000.0) * torch.arange(0, dim, 2, dtype=torch.get_default_dtype()) / dim)
+    angles = torch.arange(positions, dtype=torch.get_default_dtype())[:, None] * freqs[None, :]
     return torch.cat([angles.sin(), angles.cos()], dim=1)
 
 
@@ -36,10 +36,10 @@ def grid_code(grid: tuple[int, int], dim: int) -> torch.Tensor:
     gh, gw = grid
     count = dim // 4
     spacing = min(1.0, math.log2(MAX_GRID_FREQUENCY) / max(count - 1, 1))
-    freqs = math.pi * 2.0 ** (torch.arange(count, dtype=torch.float32) * spacing)
+    freqs = math.pi * 2.0 ** (torch.arange(count, dtype=torch.get_default_dtype()) * spacing)
 
     def encode(n: int) -> torch.Tensor:
-        coords = (torch.arange(n, dtype=torch.float32) + 0.5) / n
+        coords = (torch.arange(n, dtype=torch.get_default_dtype()) + 0.5) / n
         angles = coords[:, None] * freqs[None, :]
         return torch.cat([angles.sin(), angles.cos()], dim=1)
 

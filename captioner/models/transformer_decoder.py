@@ -299,7 +299,7 @@ class TransformerDecoder(nn.Module):
 
     def step(self, tokens: torch.Tensor, state: dict[str, torch.Tensor]
              ) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-        """One word: ``tokens`` (N,) previous words -> ``log_probs`` (N, V) float32, new state, and the
+        """One word: ``tokens`` (N,) previous words -> ``log_probs`` (N, V) float32 or wider, new state, and the
         word's attention ``{"alpha": (N, L)}``."""
         position = state["position"]
         if "memory" in state:

@@ -101,7 +101,8 @@ class SelfCritical:
         """The reward of each row of ``tokens`` (N, T) for its image; a row without ``<end>`` was cut at the
         length limit, and is scored as such."""
         ended = self.ended(tokens).tolist()
-        return torch.from_numpy(self.reward(caption_words(tokens, self.vocab), list(image_ids), ended)).float()
+        return torch.from_numpy(self.reward(caption_words(tokens, self.vocab), list(image_ids), ended)).to(
+            torch.get_default_dtype())
 
     def ended(self, tokens: torch.Tensor) -> torch.Tensor:
         """Per row of ``tokens`` (N, T): whether it wrote ``<end>`` (else it was cut at the length limit)."""

@@ -110,10 +110,10 @@ def probe_conditions(seed: int = 0, dtype: str = "float64") -> Iterator[None]:
     from captioner.core.randomness import rng_state, seed_everything, set_rng_state
 
     threads, default, saved = torch.get_num_threads(), torch.get_default_dtype(), rng_state()
-    torch.set_num_threads(1)
-    torch.set_default_dtype(getattr(torch, dtype))
-    seed_everything(seed)
     try:
+        torch.set_num_threads(1)
+        torch.set_default_dtype(getattr(torch, dtype))
+        seed_everything(seed)
         yield
     finally:
         torch.set_num_threads(threads)
