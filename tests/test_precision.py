@@ -155,10 +155,10 @@ class Float32Made(TorchDispatchMode):
         return out
 
 
-@pytest.mark.parametrize("overrides", [["model.lstm.attention_mode=soft"], ["model.lstm.attention_mode=hard"],
-                                       ["model.lstm.attention_mode=marginal"],
-                                       ["model.lstm.attention_mode=variational", "model.lstm.region_position=sinusoidal"],
-                                       ["model.decoder=transformer", "model.transformer.region_position=sinusoidal"]])
+@pytest.mark.parametrize("overrides", [
+    ["model.lstm.attention_mode=soft"], ["model.lstm.attention_mode=hard"], ["model.lstm.attention_mode=marginal"],
+    ["model.lstm.attention_mode=variational", "model.lstm.region_position=sinusoidal"],
+    ["model.decoder=transformer", "model.transformer.region_position=sinusoidal"]])
 def test_a_float64_model_keeps_float64_through_its_loss_and_decoding(overrides):
     """The result probes run in float64 (captioner.results.fingerprint): no step of a decoder, its loss or the beam
     search (diverse groups, logit adjustment) makes a float32 tensor on the way, which would bring back the rounding
@@ -180,8 +180,13 @@ def test_a_float64_model_keeps_float64_through_its_loss_and_decoding(overrides):
             out = model(batch["captions"], features=batch["features"])
             losses = build_loss(model.decoder, config.loss)(out, batch["captions"][:, 1:])
             model.eval()
-            generated = decode(model.decoder, model.regions(features=batch["features"][:2]), vocab,
+            regions = model.regions(features=batch["features"][:2])
+            generated = decode(model.decoder, regions, vocab,
                                DecodeConfig(beam=4, beam_groups=2, max_length=5, logit_adjustment=0.5), images=[0, 1])
+            if config.model.decoder == "transformer":           # its uncached step too, which decode never takes
+                start = torch.full((2,), vocab.start_index)
+                assert model.decoder.step(start, model.decoder.init_state(regions, use_cache=False))[0].dtype == (
+                    torch.float64)
         floats = {name: value.dtype for name, value in losses.items() if value.is_floating_point()}
         assert "loss" in floats and floats == dict.fromkeys(floats, torch.float64)
         assert all(g.attention["alpha"].dtype == torch.float64 for g in generated)
