@@ -66,9 +66,9 @@ LONG_TESTS = {
 # On parallel workers the modules start heaviest first, so that the workers end together (longest processing time
 # first): these, by their share of a `make test` on 2 cores (pytest --durations=0, 2026-11-26; test_results, which
 # computes every probe of the committed results, 2026-11-30), then the others.
-HEAVY_MODULES = ("test_results", "test_demo", "test_wheel", "test_export", "test_notebooks", "test_distributed", "test_serve_hostile",
-                 "test_caption_metrics", "test_reliability", "test_speed_levers", "test_training", "test_serve",
-                 "test_serve_batching")
+HEAVY_MODULES = ("test_results", "test_demo", "test_wheel", "test_export", "test_notebooks", "test_distributed",
+                 "test_serve_hostile", "test_caption_metrics", "test_reliability", "test_speed_levers", "test_training",
+                 "test_serve", "test_serve_batching")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from captioner.core.floats import widened
 from captioner.kernels.switch import backward_keeps_graph, fused_enabled
 
 
@@ -54,8 +55,8 @@ class AdditiveTanhScore(torch.autograd.Function):
         grad_keys = grad_query = grad_weight = grad_bias = None
         if ctx.needs_input_grad[2]:   # sum of grad * s: image by image (a batched product), then over the images
             grad_s = torch.bmm(grad.reshape(s.shape[0], 1, -1), s.view(s.shape[0], -1, size)).sum(0)
-            exact = torch.promote_types(s.dtype, torch.float32)                     # bf16 and fp16 summed in fp32
-            grad_weight = (grad_s.to(exact) * 2 - grad.to(exact).sum()).to(weight.dtype)   # sum of grad * tanh
+            # sum of grad * tanh, bf16 and fp16 summed in fp32
+            grad_weight = (widened(grad_s) * 2 - widened(grad).sum()).to(weight.dtype)
         if ctx.has_bias and ctx.needs_input_grad[3]:
             grad_bias = grad.sum().reshape(1)
         if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
