@@ -5,8 +5,8 @@ encoder), beside Xu et al. (2015), Table 1.
 
 Each run trains a shipped recipe (``flickr8k_full_soft``, ``flickr8k_full_hard``, ``flickr8k_full_transformer``, and
 the two that go on with self-critical training, ``flickr8k_full_soft_scst`` and ``flickr8k_full_transformer_scst``,
-and ``flickr8k_full_soft_scst_lite2``, the soft one over EfficientNet-Lite2 features; ``flickr8k_full_marginal``,
-marginal attention),
+and ``flickr8k_full_soft_lite2`` and ``flickr8k_full_soft_scst_lite2``, the soft ones over EfficientNet-Lite2
+features; ``flickr8k_full_marginal``, marginal attention),
 or its no-attention ablation, with one seed; scores its best checkpoint (and an SCST run's cross-entropy start,
 ``cross_entropy.pt``, the same way) on all 1,000 validation photos (beam and
 decoding of the recipe): BLEU-1..4, METEOR, ROUGE-L, CIDEr, the words used, distinct captions, repeated bigrams,
@@ -55,7 +55,8 @@ RESULTS = "flickr8k_full"
 RUNS = ROOT / "runs" / "flickr8k_full"
 KINDS = {"soft": "flickr8k_full_soft", "hard": "flickr8k_full_hard", "transformer": "flickr8k_full_transformer",
          "soft_scst": "flickr8k_full_soft_scst", "transformer_scst": "flickr8k_full_transformer_scst",
-         "soft_scst_lite2": "flickr8k_full_soft_scst_lite2", "marginal": "flickr8k_full_marginal"}
+         "soft_lite2": "flickr8k_full_soft_lite2", "soft_scst_lite2": "flickr8k_full_soft_scst_lite2",
+         "marginal": "flickr8k_full_marginal"}
 # the no-attention ablation of each recipe: the context is the mean of the regions at every word
 ABLATION = {"soft": ["model.lstm.attention=none", "model.lstm.attention_mode=soft"],
             "hard": ["model.lstm.attention=none", "model.lstm.attention_mode=soft"],

@@ -107,6 +107,18 @@ def test_lite2_scst_recipe_is_the_soft_scst_recipe_with_another_encoder():
     assert dataclasses.replace(lite2.data, features=vgg.data.features) == vgg.data
 
 
+def test_lite2_recipe_is_the_cross_entropy_stage_of_the_lite2_scst_recipe():
+    xe = load_config(recipes()["flickr8k_full_soft_lite2"])
+    scst = load_config(recipes()["flickr8k_full_soft_scst_lite2"])
+    assert xe.train.objective == "xe" and xe.train.lr_schedule == "plateau" and xe.train.early_stopping
+    assert xe.run.out != scst.run.out and xe.train.epochs == scst.train.scst_after_epoch
+    for section in ("data", "encoder", "model", "loss", "decode"):
+        assert getattr(xe, section) == getattr(scst, section), section
+    scst_only = {f.name: getattr(xe.train, f.name) for f in dataclasses.fields(xe.train)
+                 if f.name.startswith("scst_") or f.name in ("objective", "epochs")}
+    assert dataclasses.replace(scst.train, **scst_only) == xe.train       # the same cross-entropy schedule and stop
+
+
 def test_lite2_scst_recipe_caches_its_encoders_regions_then_trains_both_stages(handful, tmp_path):
     overrides, _, photos = handful
     overrides = [o for o in overrides if not o.startswith("data.features=")]
