@@ -239,6 +239,19 @@ def recipe_times(result: dict) -> list[str]:
     return lines
 
 
+def recipe_speed(result: dict) -> list[str]:
+    """Training steps of shipped recipes, alternated in one run (``benchmarks/bench_recipes.py``): each recipe's
+    regions, batch, target words/s and its ratio to the first recipe's (median of the rounds, with their range)."""
+    lines = header("recipe", "encoder", "regions × width", "batch", "epochs (at most)", "words/s", "ratio to the first")
+    for name, entry in result["recipes"].items():
+        low, high = entry["ratio_range"]
+        lines.append(row(f"`{name}`", f"{entry['encoder']} at {entry['image_size']} px",
+                         f"{entry['regions']} × {entry['feature_dim']}", entry["batch"], entry["epochs"],
+                         number(entry["words_per_s"], 0), f"{number(entry['ratio_to_first'], 2)} "
+                         f"({number(low, 2)}-{number(high, 2)})"))
+    return lines
+
+
 def duration(seconds: float) -> str:
     """A wall time for people: ``11 s``, ``9.0 min``, ``42 min``, ``1.8 h``."""
     if seconds < 120:
@@ -362,4 +375,5 @@ TABLES: dict[str, Callable[[dict], list[str]]] = {
     "flickr8k_full": flickr8k_full, "hard_attention_snr": hard_attention_snr, "hard_attention_runs": hard_attention_runs,
     "recipe_times": recipe_times, "flickr8k_ensembles": flickr8k_ensembles, "own_photos": own_photos,
     "scst_diagnosis": scst_diagnosis, "scst_diagnosis_full": scst_diagnosis, "cuda_check": cuda_check,
-    "marginal_attention": marginal_attention, "flickr8k_trials": flickr8k_trials}
+    "marginal_attention": marginal_attention, "flickr8k_trials": flickr8k_trials,
+    "recipe_speed": recipe_speed}
