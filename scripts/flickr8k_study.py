@@ -3,10 +3,10 @@
 flickr8k --root data/flickr8k`` makes; VGG-19 conv5_4 features, 14 x 14 x 512, but where a recipe names another
 encoder), beside Xu et al. (2015), Table 1.
 
-Each run trains a shipped recipe (``flickr8k_full_soft``, ``flickr8k_full_hard``, ``flickr8k_full_transformer``, and
-the two that go on with self-critical training, ``flickr8k_full_soft_scst`` and ``flickr8k_full_transformer_scst``,
-and ``flickr8k_full_soft_lite2`` and ``flickr8k_full_soft_scst_lite2``, the soft ones over EfficientNet-Lite2
-features; ``flickr8k_full_marginal``, marginal attention),
+Each run trains a shipped recipe (``flickr8k_full_soft``, ``flickr8k_full_hard``, ``flickr8k_full_transformer``;
+those that go on with self-critical training, ``flickr8k_full_soft_scst``, ``flickr8k_full_transformer_scst`` and
+``flickr8k_full_soft_scst_lite2``, the soft one over EfficientNet-Lite2 features; ``flickr8k_full_soft_lite2``, the
+last one's cross-entropy stage alone; ``flickr8k_full_marginal``, marginal attention),
 or its no-attention ablation, with one seed; scores its best checkpoint (and an SCST run's cross-entropy start,
 ``cross_entropy.pt``, the same way) on all 1,000 validation photos (beam and
 decoding of the recipe): BLEU-1..4, METEOR, ROUGE-L, CIDEr, the words used, distinct captions, repeated bigrams,

@@ -1,7 +1,8 @@
 """The full-Flickr8k recipes stay alive: each trains a few steps on a handful of ../shared/data/flickr8k's photos,
 with its own encoder (VGG-19 conv5_4, cached), model, loss and decoding, and its best checkpoint captions photos
-(the two SCST recipes: cross-entropy steps, then SCST steps); each recipe's no-attention ablation resolves. Skipped
-where the photos are not (they are research-use only)."""
+(the two SCST recipes: cross-entropy steps, then SCST steps); each recipe's no-attention ablation resolves, and each
+recipe that derives from another holds the settings it shares with it. The tests that train are skipped where the
+photos are not (they are research-use only); those that read the recipes run everywhere."""
 
 import dataclasses
 import json
@@ -22,13 +23,14 @@ ABLATIONS = {"flickr8k_full_soft": ["model.lstm.attention=none"],
              "flickr8k_full_hard": ["model.lstm.attention=none", "model.lstm.attention_mode=soft"],
              "flickr8k_full_transformer": ["model.transformer.memory=mean"]}
 
-pytestmark = pytest.mark.skipif(not FLICKR8K.exists(), reason="../shared/data/flickr8k is not here")
-
 
 @pytest.fixture(scope="module")
 def handful(tmp_path_factory):
     """The first 6 train and 3 val photos of the recipes' split file, with their features cached as the recipes
-    cache them: ``(overrides pointing a recipe at them, folder, the val photos' paths)``."""
+    cache them: ``(overrides pointing a recipe at them, folder, the val photos' paths)``; a test that trains on them
+    is skipped where the photos are not."""
+    if not FLICKR8K.exists():
+        pytest.skip("../shared/data/flickr8k is not here")
     folder = tmp_path_factory.mktemp("flickr8k_handful")
     images = json.loads((FLICKR8K / "dataset_flickr8k.json").read_text())["images"]
     picked = [i for i in images if i["split"] == "train"][:6] + [i for i in images if i["split"] == "val"][:3]
@@ -112,6 +114,7 @@ def test_lite2_recipe_is_the_cross_entropy_stage_of_the_lite2_scst_recipe():
     scst = load_config(recipes()["flickr8k_full_soft_scst_lite2"])
     assert xe.train.objective == "xe" and xe.train.lr_schedule == "plateau" and xe.train.early_stopping
     assert xe.run.out != scst.run.out and xe.train.epochs == scst.train.scst_after_epoch
+    assert dataclasses.replace(xe.run, out=scst.run.out) == scst.run
     for section in ("data", "encoder", "model", "loss", "decode"):
         assert getattr(xe, section) == getattr(scst, section), section
     scst_only = {f.name: getattr(xe.train, f.name) for f in dataclasses.fields(xe.train)

@@ -240,15 +240,16 @@ def recipe_times(result: dict) -> list[str]:
 
 
 def recipe_speed(result: dict) -> list[str]:
-    """Training steps of shipped recipes, alternated in one run (``benchmarks/bench_recipes.py``): each recipe's
-    regions, batch, target words/s and its ratio to the first recipe's (median of the rounds, with their range)."""
-    lines = header("recipe", "encoder", "regions × width", "batch", "epochs (at most)", "words/s", "ratio to the first")
+    """Training steps of shipped recipes' decoders, alternated in one run (``benchmarks/bench_recipes.py``): each
+    recipe's regions, target words/s and its ratio to the first recipe's (median of the rounds, with their range)."""
+    lines = header("recipe", "encoder", "regions × width", "epochs (at most)", "words/s", "ratio to the first")
+    first = next(iter(result["recipes"]))
     for name, entry in result["recipes"].items():
-        low, high = entry["ratio_range"]
+        low, high = entry["ratio_min_max"]
+        ratio = f"{number(entry['ratio_to_first'], 2)} ({number(low, 2)}-{number(high, 2)})" if name != first else "–"
         lines.append(row(f"`{name}`", f"{entry['encoder']} at {entry['image_size']} px",
-                         f"{entry['regions']} × {entry['feature_dim']}", entry["batch"], entry["epochs"],
-                         number(entry["words_per_s"], 0), f"{number(entry['ratio_to_first'], 2)} "
-                         f"({number(low, 2)}-{number(high, 2)})"))
+                         f"{entry['regions']} × {entry['feature_dim']}", entry["epochs"],
+                         number(entry["words_per_s"], 0), ratio))
     return lines
 
 
