@@ -22,37 +22,25 @@ import statistics
 import time
 
 import torch
-from common import add_arguments, machine_facts, random_captions, setup
+from common import add_arguments, machine_facts, random_captions, setup, training_step
 
-from captioner.config import load_config, recipes
-from captioner.models.captioner import build_decoder
-from captioner.models.encoder import build_encoder
+from captioner.config import Config, load_config, recipes
+from captioner.models.captioner import build_captioner
 from captioner.objectives.losses import build_loss
 from captioner.results.record import report
+from captioner.training.engine import make_optimizer
 
 
-def recipe_step(name: str, vocab: int, captions: torch.Tensor, generator: torch.Generator):
-    """``(step, facts)``: one training step of recipe ``name``'s decoder as the engine takes it (loss, backward,
-    gradient clipping, fused Adam) on ``captions`` (B, T+2) over random features (B, L, D) of its encoder's shape,
-    returning the target words; and the shapes it was built for."""
-    config = load_config(recipes()[name])
-    encoder = build_encoder(dataclasses.replace(config.encoder, pretrained=False))     # its shape, not its weights
-    decoder = build_decoder(config.model, vocab, encoder.feature_dim, encoder.grid).train()
-    loss_of = build_loss(decoder, config.loss)
+def recipe_step(config: Config, vocab: int, batch: int, generator: torch.Generator):
+    """``(step, facts)``: a function that takes one training step of the recipe ``config``'s decoder as the engine
+    takes it (its optimizer, gradient clipping) on captions (B, T+2) over random features (B, L, D) of its encoder's
+    shape, returning the target words; and the shapes it was built for."""
+    model = build_captioner(dataclasses.replace(config.encoder, pretrained=False), config.model, vocab)  # its shape
+    decoder, encoder = model.decoder.train(), model.encoder
     regions = encoder.grid[0] * encoder.grid[1]
-    features = torch.randn(len(captions), regions, encoder.feature_dim, generator=generator)
-    optimizer = torch.optim.Adam(decoder.parameters(), lr=config.train.lr, weight_decay=config.train.weight_decay,
-                                 fused=True)
-
-    def step() -> int:
-        optimizer.zero_grad(set_to_none=True)
-        loss = loss_of(decoder(features, captions), captions[:, 1:])
-        loss["loss"].backward()
-        if config.train.grad_clip:
-            torch.nn.utils.clip_grad_norm_(decoder.parameters(), config.train.grad_clip)
-        optimizer.step()
-        return int(loss["words"])
-
+    features = torch.randn(batch, regions, encoder.feature_dim, generator=generator)
+    step = training_step(decoder, features, make_optimizer(model, config), build_loss(decoder, config.loss),
+                         grad_clip=config.train.grad_clip)
     facts = {"encoder": config.encoder.name, "image_size": config.encoder.image_size, "regions": regions,
              "feature_dim": encoder.feature_dim, "epochs": config.train.epochs,
              "parameters": sum(p.numel() for p in decoder.parameters())}
@@ -72,20 +60,21 @@ def main() -> None:
         parser.error("give two or more recipes: the ratios are to the first")
     setup(args)
     generator = torch.Generator().manual_seed(0)
-    batches = {load_config(recipes()[name]).train.batch_size for name in args.recipes}
+    configs = {name: load_config(recipes()[name]) for name in args.recipes}
+    batches = {config.train.batch_size for config in configs.values()}
     if len(batches) > 1:
         parser.error(f"the recipes train at different batch sizes ({sorted(batches)}): give recipes of one")
     captions = random_captions(batches.pop(), generator, args.vocab)       # the same captions for every recipe
-    steps = {name: recipe_step(name, args.vocab, captions, generator) for name in args.recipes}
+    steps = {name: recipe_step(config, args.vocab, len(captions), generator) for name, config in configs.items()}
     for step, _ in steps.values():          # warm-up: allocator, kernels, Adam's state
-        step()
+        step(captions)
     rounds = 3 if args.quick else args.rounds
     speeds = {name: [] for name in steps}
     for round_ in range(rounds):
         order = list(steps) if round_ % 2 == 0 else list(reversed(steps))     # ABBA: neither always goes first
         for name in order:
             started = time.perf_counter()
-            words = steps[name][0]()
+            words = steps[name][0](captions)
             speeds[name].append(words / (time.perf_counter() - started))
     first = args.recipes[0]
     result = {}

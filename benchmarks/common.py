@@ -34,15 +34,19 @@ def random_captions(batch: int, generator: torch.Generator, vocab: int = VOCAB) 
 
 
 def training_step(decoder: torch.nn.Module, features: torch.Tensor, optimizer: torch.optim.Optimizer,
-                  loss_of: Callable[[object, torch.Tensor], dict[str, torch.Tensor]]) -> Callable[[torch.Tensor], int]:
-    """A function that runs one full step (forward, loss, backward, optimizer) of ``decoder`` on ``features``
-    (B, L, D) and captions (B, T+2), returning the number of target words. ``loss_of(teacher_forced, targets)``
-    gives ``{"loss", "words", ...}``, as the training losses (:func:`captioner.objectives.losses.build_loss`) do."""
+                  loss_of: Callable[[object, torch.Tensor], dict[str, torch.Tensor]],
+                  grad_clip: float = 0.0) -> Callable[[torch.Tensor], int]:
+    """A function that runs one full step (forward, loss, backward, gradient clipping at ``grad_clip`` where it is
+    set, optimizer) of ``decoder`` on ``features`` (B, L, D) and captions (B, T+2), returning the number of target
+    words. ``loss_of(teacher_forced, targets)`` gives ``{"loss", "words", ...}``, as the training losses
+    (:func:`captioner.objectives.losses.build_loss`) do."""
 
     def step(captions: torch.Tensor) -> int:
         loss = loss_of(decoder(features, captions), captions[:, 1:])
         optimizer.zero_grad(set_to_none=True)
         loss["loss"].backward()
+        if grad_clip:
+            torch.nn.utils.clip_grad_norm_(decoder.parameters(), grad_clip)
         optimizer.step()
         return int(loss["words"])
 
