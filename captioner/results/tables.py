@@ -365,6 +365,9 @@ def cuda_check(result: dict) -> list[str]:
         measured["bench_scaling"] = "training words/s at B = 64: " + ", ".join(
             f"{name.removesuffix(' B=64')} {value['words_per_s']:,.0f}" for name, value in by_batch.items()
             if name.endswith("B=64"))
+    if "feature_cache" in bench:
+        measured["bench_feature_cache"] = f"images/s caching {bench['feature_cache']['images']} images: " + ", ".join(
+            f"{setting} {speed:,.0f}" for setting, speed in bench["feature_cache"]["images_per_s"].items())
     lines = header("step", "exit", "s (limit)", "measured")
     for name, step in result["steps"].items():
         lines.append(row(f"`{name}`", step["exit"], f"{step['seconds']} ({step['limit']})", measured.get(name, "–")))
