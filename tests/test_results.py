@@ -311,7 +311,7 @@ def test_a_cuda_check_and_its_rerun_gather_into_one_result_with_the_gpu_machines
     (rerun / "train_fp32.log").write_text(
         "INFO captioner.training.engine: precision: float32 (train.amp=false); compile: False\n"
         "epoch 1/2: BLEU-4 0.400 ROUGE-L 0.600 CIDEr 1.782 | 13184 words/s (best)\n"
-        "epoch 2/2: BLEU-4 0.480 ROUGE-L 0.690 CIDEr 2.275 | 14357 words/s (best)\n")
+        "epoch 2/2: BLEU-4 0.480 ROUGE-L 0.690 CIDEr 2.275 | 14357 words/s | 21 s training, 3 s validating (best)\n")
     payload, machine = gather([first, rerun])
     assert machine == gpu
     assert payload["steps"] == {"bench_scaling": {"exit": 0, "seconds": 20, "limit": 120},

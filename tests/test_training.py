@@ -46,7 +46,10 @@ def test_train_writes_run_directory(tiny_coco, tmp_path):
     assert {"config.yaml", "last.pt", "best.pt", "metrics.jsonl"} <= {p.name for p in run.iterdir()}
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert {r["type"] for r in records} == {"train", "val"}
-    assert sum(r["type"] == "val" for r in records) == 2
+    val = [r for r in records if r["type"] == "val"]
+    assert len(val) == 2
+    assert all(r["epoch_seconds"] > 0 and r["val_seconds"] > 0 for r in val)      # each epoch's time, apart
+    assert sum(r["epoch_seconds"] + r["val_seconds"] for r in val) <= result["train_seconds"]
     assert result["epochs"] == 2 and result["step"] == 2 * 5  # 24 pairs / batch 5 = 5 steps per epoch
     payload = load_checkpoint(run / "last.pt")
     assert {"model", "optimizer", "scheduler", "progress", "rng", "vocab", "config"} <= payload.keys()

@@ -77,6 +77,7 @@ class TrainState:
     stale: int = 0                  # epochs since stage_best last improved
     train_seconds: float = 0.0      # training time of the whole run, resumed parts included
     words_per_s: float | None = None
+    epoch_seconds: float | None = None  # the last epoch's training time (of its part since a resume), validation apart
     amp: bool | None = None         # train.amp as decided when the run started (None: not yet)
     scst_from: int | None = None    # the epoch (from 0) self-critical training began at (None: not yet)
     train_images: int = 0           # the training split's images and captions (what a model card states)
@@ -625,7 +626,8 @@ def _train_one_epoch(run: Run, state: TrainState, stop: GracefulStop, progress: 
             run.save(state)
         if stepped[1]:
             return False
-    state.words_per_s = words_seen / max(time.perf_counter() - started, 1e-9)
+    state.epoch_seconds = time.perf_counter() - started
+    state.words_per_s = words_seen / max(state.epoch_seconds, 1e-9)
     return True
 
 
@@ -648,7 +650,9 @@ def end_epoch(run: Run, state: TrainState) -> bool:
     if state.step == 0:     # nothing learnt: a checkpoint now would be an untrained model called best.pt
         raise CaptionerError(f"{run.dir}: a whole epoch without one training step: every batch was skipped "
                              f"({len(state.skipped_images)} unreadable images, named above and in metrics.jsonl)")
+    started = time.perf_counter()
     scores = validate(run.model, run.val_set, run.vocab, run.config, run.world)
+    val_seconds = time.perf_counter() - started
     state.epoch += 1
     state.batch_in_epoch = 0
     score = scores[train.metric]
@@ -656,10 +660,12 @@ def end_epoch(run: Run, state: TrainState) -> bool:
     state.best = max(state.best, score)
     state.stage_best, state.stale = (score, 0) if score > state.stage_best else (state.stage_best, state.stale + 1)
     decay_on_plateau(run, state)
-    run.logger.log({"type": "val", "step": state.step, "epoch": state.epoch, "words_per_s": state.words_per_s, **scores})
+    run.logger.log({"type": "val", "step": state.step, "epoch": state.epoch, "words_per_s": state.words_per_s,
+                    "epoch_seconds": state.epoch_seconds, "val_seconds": val_seconds, **scores})
     if run.world.is_main:
         tqdm.write(f"epoch {state.epoch}/{train.epochs}: " + " ".join(f"{k} {v:.3f}" for k, v in scores.items())
-                   + f" | {state.words_per_s or 0:.0f} words/s" + (" (best)" if improved else ""))
+                   + f" | {state.words_per_s or 0:.0f} words/s | {state.epoch_seconds or 0:.0f} s training, "
+                   f"{val_seconds:.0f} s validating" + (" (best)" if improved else ""))
     run.save(state)
     if improved:
         run.save(state, "best")
