@@ -1,0 +1,146 @@
+"""A shipped Flickr8k recipe's epochs timed at the full Flickr8k's sizes without its photos, printed as JSON: how
+long the recipe takes on a machine the research data cannot reach (a lent GPU machine), or before it is there.
+
+The stand-in data has the full Flickr8k's shape: 6,000 training and 1,000 validation images of random features in
+the recipe's encoder's shape (written as the recipe's feature cache), five captions per image of 8-16 words drawn
+uniformly from a vocabulary as large as the recipe's on Flickr8k. The engine trains the recipe on it as ``captioner
+train`` does (its batch sizes, precision ``amp: auto``, validation on ``train.val_max_images`` images with its beam)
+for ``--xe-epochs`` epochs of cross-entropy and, for an SCST recipe, ``--scst-epochs`` of self-critical training,
+with early stopping off; each epoch's training and validation seconds come from the run's ``metrics.jsonl``. The
+recipe's time for ``--project XE SCST`` epochs of each kind (default: the most the recipe allows) is projected from
+the last measured epoch of each kind, start-up included. A model trained on random captions never learns to end
+one, so its samples and validation captions run to the length limit: the SCST and validation times are upper bounds.
+The entry, keyed by recipe and device (a GPU by name, a CPU by model and widest vector extension), joins those
+measured before in ``benchmarks/results/recipe_epochs.json``, which the docs' results page renders.
+
+    python benchmarks/bench_recipe_epochs.py flickr8k_full_transformer_scst --device cuda
+    python benchmarks/bench_recipe_epochs.py flickr8k_full_soft_scst_lite2 --xe-epochs 1 --scst-epochs 1 \\
+        --project 6 8 --threads 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from common import add_arguments, setup
+
+from captioner.checkpoint import load_checkpoint
+from captioner.config import apply_overrides, load_config, recipes
+from captioner.data.vocabulary import Vocabulary
+from captioner.results.record import add_entry, machine_block
+from captioner.results.tables import cpu_name
+from captioner.training.engine import train
+
+RECIPES = sorted(n for n in recipes() if n.startswith("flickr8k_full_"))
+IMAGES = {"train": 6000, "val": 1000}
+VOCAB = 2543            # the full Flickr8k recipes' words seen 5 times or more
+CAPTION_WORDS = (8, 16)
+
+
+def stand_in_split_file(path: Path, images: dict[str, int], vocab: int, generator: np.random.Generator) -> None:
+    """A Karpathy split file of ``images`` per split, five captions of random words ``w0 .. w{vocab-1}`` each."""
+    entries = []
+    for split, count in images.items():
+        for _ in range(count):
+            lengths = generator.integers(CAPTION_WORDS[0], CAPTION_WORDS[1] + 1, size=5)
+            sentences = [{"raw": " ".join(f"w{w}" for w in generator.integers(0, vocab, size=n))} for n in lengths]
+            entries.append({"filename": f"{len(entries)}.jpg", "imgid": len(entries), "split": split,
+                            "sentences": sentences})
+    path.write_text(json.dumps({"images": entries}))
+
+
+def stand_in_feature_cache(folder: Path, encoder, image_ids: list[int], generator: np.random.Generator) -> None:
+    """A finished feature cache (:mod:`captioner.data.feature_cache`'s layout) of ``image_ids``: random features,
+    non-negative like a ReLU map's, of ``encoder``'s grid and size, stamped with its config."""
+    import dataclasses
+
+    from captioner.models.encoder import build_encoder
+
+    built = build_encoder(dataclasses.replace(encoder, pretrained=False))
+    grid, dim = list(built.grid), built.feature_dim
+    folder.mkdir(parents=True)
+    features = np.lib.format.open_memmap(folder / "features.npy", mode="w+", dtype=np.float16,
+                                         shape=(len(image_ids), grid[0] * grid[1], dim))
+    for start in range(0, len(image_ids), 500):
+        rows = features[start:start + 500]
+        rows[:] = np.abs(generator.standard_normal(rows.shape, dtype=np.float32))
+    features.flush()
+    np.save(folder / "status.npy", np.ones(len(image_ids), dtype=np.uint8))
+    meta = {"image_ids": image_ids, "grid": grid, "feature_dim": dim, "dtype": "float16",
+            "encoder": dataclasses.asdict(encoder), "splits": ["train", "val"]}
+    (folder / "meta.json").write_text(json.dumps(meta))
+
+
+def epoch_times(run_dir: Path, scst_from: int | None) -> dict[str, list[dict]]:
+    """Each epoch's training and validation seconds from the run's ``metrics.jsonl``, by objective."""
+    times: dict[str, list[dict]] = {"xe": [], "scst": []}
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        if record["type"] == "val":
+            objective = "scst" if scst_from is not None and record["epoch"] > scst_from else "xe"
+            times[objective].append({"epoch": record["epoch"], "train_s": round(record["epoch_seconds"], 1),
+                                     "val_s": round(record["val_seconds"], 1)})
+    return {k: v for k, v in times.items() if v}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("recipe", choices=RECIPES)
+    parser.add_argument("--xe-epochs", type=int, default=1, help="cross-entropy epochs to time (default 1)")
+    parser.add_argument("--scst-epochs", type=int, default=1, help="an SCST recipe's self-critical epochs (default 1)")
+    parser.add_argument("--project", type=int, nargs=2, metavar=("XE", "SCST"),
+                        help="epochs of each kind to project the recipe's time for (default: its most)")
+    parser.add_argument("--images", type=int, nargs=2, metavar=("TRAIN", "VAL"), default=list(IMAGES.values()),
+                        help="stand-in images per split (default: Flickr8k's 6,000 and 1,000; other sizes are "
+                        "printed, not saved)")
+    add_arguments(parser)
+    args = parser.parse_args()
+    device = setup(args)
+    config = load_config(recipes()[args.recipe])
+    scst = config.train.objective == "scst"
+    if config.train.init_from:
+        parser.error(f"{args.recipe} starts from another run's checkpoint (train.init_from): time that run's recipe")
+    most = (config.train.scst_after_epoch, config.train.epochs - config.train.scst_after_epoch) if scst else (
+        config.train.epochs, 0)
+    project = args.project or most
+    xe_epochs, scst_epochs = args.xe_epochs, args.scst_epochs if scst else 0
+    images = dict(zip(IMAGES, args.images, strict=True))
+    generator = np.random.default_rng(0)
+    with tempfile.TemporaryDirectory() as folder:
+        folder = Path(folder)
+        stand_in_split_file(folder / "dataset.json", images, VOCAB, generator)
+        stand_in_feature_cache(folder / "features", config.encoder, list(range(sum(images.values()))), generator)
+        overrides = [f"data.karpathy={folder / 'dataset.json'}", f"data.image_root={folder}",
+                     f"data.features={folder / 'features'}", f"run.out={folder / 'run'}", f"run.device={device}",
+                     f"train.epochs={xe_epochs + scst_epochs}", "train.early_stopping=0", "train.wandb=disabled"]
+        if scst:
+            overrides += [f"train.scst_after_epoch={xe_epochs}", f"train.scst_patience={scst_epochs}"]
+        started = time.perf_counter()
+        trained = train(apply_overrides(config, overrides), progress=False)
+        wall = time.perf_counter() - started
+        times = epoch_times(folder / "run", xe_epochs if scst else None)
+        vocab = len(Vocabulary.from_dict(load_checkpoint(folder / "run" / "last.pt")["vocab"]))
+    epochs_s = sum(e["train_s"] + e["val_s"] for kind in times.values() for e in kind)
+    per_epoch = {kind: e[-1]["train_s"] + e[-1]["val_s"] for kind, e in times.items()}
+    startup = max(wall - epochs_s, 0.0)        # the run's set-up, model building and checkpoints
+    projected = startup + project[0] * per_epoch["xe"] + project[1] * per_epoch.get("scst", 0.0)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    entry = {"recipe": args.recipe, "device": name, "threads": torch.get_num_threads(),
+             "images": images, "caption_words": list(CAPTION_WORDS), "vocabulary": vocab, "epochs": times,
+             "wall_s": round(wall, 1), "startup_s": round(startup, 1), "projected_epochs": list(project),
+             "projected_min": round(projected / 60, 1), "trained_epochs": trained["epochs"]}
+    print(json.dumps(entry, indent=2))
+    if images != IMAGES:        # a trial at other sizes: printed, not saved
+        return
+    key = f"{args.recipe} on {name if name != 'cpu' else cpu_name(machine_block())}"
+    add_entry("recipe_epochs", "entries", key, entry, configs=[args.recipe], probes=[f"train {args.recipe}"])
+
+
+if __name__ == "__main__":
+    main()
