@@ -118,11 +118,14 @@ def main() -> None:
         stand_in_feature_cache(folder / "features", config.encoder, list(range(sum(images.values()))), generator)
         overrides = [f"data.karpathy={folder / 'dataset.json'}", f"data.image_root={folder}",
                      f"data.features={folder / 'features'}", f"run.out={folder / 'run'}", f"run.device={device}",
-                     f"train.epochs={xe_epochs + scst_epochs}", "train.early_stopping=0", "train.wandb=disabled"]
+                     f"train.epochs={xe_epochs + scst_epochs}", "train.early_stopping=0", "train.wandb=disabled",
+                     "encoder.pretrained=false"]     # the features stand in for the encoder's: no weights needed
         if scst:
             overrides += [f"train.scst_after_epoch={xe_epochs}", f"train.scst_patience={scst_epochs}"]
         started = time.perf_counter()
         trained = train(apply_overrides(config, overrides), progress=False)
+        if trained["stopped"]:
+            raise SystemExit(f"{args.recipe}: stopped before its {xe_epochs + scst_epochs} epochs ended; nothing saved")
         wall = time.perf_counter() - started
         times = epoch_times(folder / "run", xe_epochs if scst else None)
         vocab = len(Vocabulary.from_dict(load_checkpoint(folder / "run" / "last.pt")["vocab"]))
