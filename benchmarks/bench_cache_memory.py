@@ -23,32 +23,11 @@ import time
 from pathlib import Path
 
 import numpy as np
-from common import PeakMemory, add_arguments, memory_kib, setup
+from common import PeakMemory, add_arguments, memory_kib, setup, write_synthetic_cache
 from captioner.results.record import report
 
 ROOT = Path(__file__).resolve().parent.parent
 WORDS = ("a", "red", "blue", "green", "circle", "square", "left", "right", "of", "the", "above", "below")
-
-
-def write_synthetic_cache(folder: Path, images: int, regions: int, dim: int) -> float:
-    """A cache folder of ``images`` rows ``(regions, dim)`` fp16, all marked written; returns its size in GB."""
-    from captioner.data.feature_cache import WRITTEN
-
-    folder.mkdir(parents=True, exist_ok=True)
-    side = int(round(regions ** 0.5))
-    features = np.lib.format.open_memmap(folder / "features.npy", mode="w+", dtype=np.float16, shape=(images, regions, dim))
-    base = np.random.default_rng(0).standard_normal((regions, dim)).astype(np.float16)
-    chunk = 256
-    for start in range(0, images, chunk):
-        rows = min(chunk, images - start)
-        features[start : start + rows] = base[None] * np.linspace(0.5, 1.5, rows, dtype=np.float16)[:, None, None]
-        features.flush()
-    del features
-    np.save(folder / "status.npy", np.full(images, WRITTEN, dtype=np.uint8))
-    meta = {"image_ids": list(range(1, images + 1)), "grid": [side, regions // side], "feature_dim": dim,
-            "dtype": "float16", "encoder": {}}
-    (folder / "meta.json").write_text(json.dumps(meta))
-    return (folder / "features.npy").stat().st_size / 1e9
 
 
 def write_captions(path: Path, image_ids: range, seed: int) -> None:
@@ -65,11 +44,11 @@ def measure(images: int, regions: int, dim: int, folder: Path) -> dict:
     from captioner.training.engine import train
 
     started = time.perf_counter()
-    gigabytes = write_synthetic_cache(folder / "cache", images, regions, dim)
+    side = int(round(regions ** 0.5))
+    gigabytes = write_synthetic_cache(folder / "cache", list(range(1, images + 1)), (side, regions // side), dim)
     write_seconds = time.perf_counter() - started
     write_captions(folder / "train.json", range(1, images - 31), seed=0)
     write_captions(folder / "val.json", range(images - 31, images + 1), seed=1)
-    side = int(round(regions ** 0.5))
     config = load_config(None, [
         f"data.captions={json.dumps({'train': str(folder / 'train.json'), 'val': str(folder / 'val.json')})}",
         f"data.images={json.dumps({'train': str(folder), 'val': str(folder)})}", f"data.features={folder / 'cache'}",

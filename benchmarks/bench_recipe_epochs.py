@@ -1,7 +1,7 @@
 """A shipped Flickr8k recipe's epochs timed at the full Flickr8k's sizes without its photos, printed as JSON: how
 long the recipe takes on a machine the research data cannot reach (a lent GPU machine), or before it is there.
 
-The stand-in data has the full Flickr8k's shape: 6,000 training and 1,000 validation images of random features in
+The stand-in data has the full Flickr8k's shape: 6,000 training and 1,000 validation images of synthetic features in
 the recipe's encoder's shape (written as the recipe's feature cache), five captions per image of 8-16 words drawn
 uniformly from a vocabulary as large as the recipe's on Flickr8k. The engine trains the recipe on it as ``captioner
 train`` does (its batch sizes, precision ``amp: auto``, validation on ``train.val_max_images`` images with its beam)
@@ -21,6 +21,7 @@ measured before in ``benchmarks/results/recipe_epochs.json``, which the docs' re
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import tempfile
 import time
@@ -28,11 +29,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from common import add_arguments, setup
+from common import add_arguments, setup, write_synthetic_cache
 
 from captioner.checkpoint import load_checkpoint
 from captioner.config import apply_overrides, load_config, recipes
 from captioner.data.vocabulary import Vocabulary
+from captioner.models.encoder import build_encoder
 from captioner.results.record import add_entry, machine_block
 from captioner.results.tables import cpu_name
 from captioner.training.engine import train
@@ -53,28 +55,6 @@ def stand_in_split_file(path: Path, images: dict[str, int], vocab: int, generato
             entries.append({"filename": f"{len(entries)}.jpg", "imgid": len(entries), "split": split,
                             "sentences": sentences})
     path.write_text(json.dumps({"images": entries}))
-
-
-def stand_in_feature_cache(folder: Path, encoder, image_ids: list[int], generator: np.random.Generator) -> None:
-    """A finished feature cache (:mod:`captioner.data.feature_cache`'s layout) of ``image_ids``: random features,
-    non-negative like a ReLU map's, of ``encoder``'s grid and size, stamped with its config."""
-    import dataclasses
-
-    from captioner.models.encoder import build_encoder
-
-    built = build_encoder(dataclasses.replace(encoder, pretrained=False))
-    grid, dim = list(built.grid), built.feature_dim
-    folder.mkdir(parents=True)
-    features = np.lib.format.open_memmap(folder / "features.npy", mode="w+", dtype=np.float16,
-                                         shape=(len(image_ids), grid[0] * grid[1], dim))
-    for start in range(0, len(image_ids), 500):
-        rows = features[start:start + 500]
-        rows[:] = np.abs(generator.standard_normal(rows.shape, dtype=np.float32))
-    features.flush()
-    np.save(folder / "status.npy", np.ones(len(image_ids), dtype=np.uint8))
-    meta = {"image_ids": image_ids, "grid": grid, "feature_dim": dim, "dtype": "float16",
-            "encoder": dataclasses.asdict(encoder), "splits": ["train", "val"]}
-    (folder / "meta.json").write_text(json.dumps(meta))
 
 
 def epoch_times(run_dir: Path, scst_from: int | None) -> dict[str, list[dict]]:
@@ -115,7 +95,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         folder = Path(folder)
         stand_in_split_file(folder / "dataset.json", images, VOCAB, generator)
-        stand_in_feature_cache(folder / "features", config.encoder, list(range(sum(images.values()))), generator)
+        built = build_encoder(dataclasses.replace(config.encoder, pretrained=False))   # its grid and feature size
+        write_synthetic_cache(folder / "features", list(range(sum(images.values()))), built.grid, built.feature_dim,
+                              dataclasses.asdict(config.encoder), tuple(images))
         overrides = [f"data.karpathy={folder / 'dataset.json'}", f"data.image_root={folder}",
                      f"data.features={folder / 'features'}", f"run.out={folder / 'run'}", f"run.device={device}",
                      f"train.epochs={xe_epochs + scst_epochs}", "train.early_stopping=0", "train.wandb=disabled",

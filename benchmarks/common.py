@@ -1,10 +1,11 @@
-"""What the benchmark scripts share: the special word indices, random captions of the paper's lengths,
-one teacher-forced training step, the CPU's fp32 matrix-multiply peak, a sampler of private memory, and the
-emulation of a CPU with fewer vector extensions (``--isa``) with the facts of the machine a result came from."""
+"""What the benchmark scripts share: the special word indices, random captions of the paper's lengths, a synthetic
+feature cache, one teacher-forced training step, the CPU's fp32 matrix-multiply peak, a sampler of private memory, and
+the emulation of a CPU with fewer vector extensions (``--isa``) with the facts of the machine a result came from."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import threading
@@ -12,6 +13,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from captioner.decoding.search import TokenRules
@@ -31,6 +33,30 @@ def random_captions(batch: int, generator: torch.Generator, vocab: int = VOCAB) 
         captions[row, 1 : n + 1] = torch.randint(4, vocab, (n,), generator=generator)
         captions[row, n + 1] = END
     return captions
+
+
+def write_synthetic_cache(folder: Path, image_ids: list[int], grid: tuple[int, int], dim: int,
+                          encoder: dict | None = None, splits: tuple[str, ...] = ()) -> float:
+    """A finished feature cache in :mod:`captioner.data.feature_cache`'s layout: a row ``(grid[0] * grid[1], dim)`` of
+    fp16 features per image of ``image_ids`` (one random map, scaled differently per row), all marked written, its
+    ``meta.json`` naming ``encoder`` (the config an encoder check compares) and ``splits``; returns its size in GB."""
+    from captioner.data.feature_cache import WRITTEN
+
+    folder.mkdir(parents=True, exist_ok=True)
+    regions, images = grid[0] * grid[1], len(image_ids)
+    features = np.lib.format.open_memmap(folder / "features.npy", mode="w+", dtype=np.float16,
+                                         shape=(images, regions, dim))
+    base = np.random.default_rng(0).standard_normal((regions, dim)).astype(np.float16)
+    for start in range(0, images, 256):
+        rows = min(256, images - start)
+        features[start : start + rows] = base[None] * np.linspace(0.5, 1.5, rows, dtype=np.float16)[:, None, None]
+        features.flush()
+    del features
+    np.save(folder / "status.npy", np.full(images, WRITTEN, dtype=np.uint8))
+    meta = {"image_ids": list(image_ids), "grid": list(grid), "feature_dim": dim, "dtype": "float16",
+            "encoder": encoder or {}, "splits": list(splits)}
+    (folder / "meta.json").write_text(json.dumps(meta))
+    return (folder / "features.npy").stat().st_size / 1e9
 
 
 def training_step(decoder: torch.nn.Module, features: torch.Tensor, optimizer: torch.optim.Optimizer,

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 
@@ -209,6 +210,11 @@ def test_feature_cache_round_trip_resume_and_unreadable(tiny_coco, tmp_path):
         for record in records[:-1]:
             direct = model.encoder(transform(load_image(record.path)).unsqueeze(0))[0]
             torch.testing.assert_close(cache[record.image_id], direct, rtol=2e-3, atol=2e-3)
+    stored = np.load(tmp_path / "cache2" / "features.npy")          # float16, widened exactly on reading
+    for row, image_id in enumerate(cache.meta["image_ids"][:3]):
+        read = cache[image_id]
+        assert stored.dtype == np.float16 and read.dtype == torch.float32
+        assert torch.equal(read, torch.from_numpy(stored[row].astype(np.float32)))
 
 
 def test_a_damaged_feature_cache_is_one_line_and_never_read_as_zeros(tiny_coco, tmp_path):
