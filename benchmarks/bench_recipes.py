@@ -22,7 +22,7 @@ import statistics
 import time
 
 import torch
-from common import add_arguments, machine_facts, random_captions, setup, training_step
+from common import FLICKR8K_VOCAB, add_arguments, machine_facts, random_captions, setup, training_step
 
 from captioner.config import Config, load_config, recipes
 from captioner.models.captioner import build_captioner
@@ -51,8 +51,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("recipes", nargs="+", choices=sorted(recipes()), metavar="RECIPE",
                         help="two or more shipped recipes; the ratios are to the first")
-    parser.add_argument("--vocab", type=int, default=2543, help="words in the vocabulary (default: 2,543, the "
-                        "full Flickr8k recipes' words seen 5 times or more)")
+    parser.add_argument("--vocab", type=int, default=FLICKR8K_VOCAB, help="words in the vocabulary (default: 2,543, "
+                        "the full Flickr8k recipes' words seen 5 times or more)")
     parser.add_argument("--rounds", type=int, default=12, help="rounds of one step of each recipe (default 12)")
     add_arguments(parser, device=False)
     args = parser.parse_args()

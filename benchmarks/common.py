@@ -22,6 +22,7 @@ from captioner.results.record import cpu_flags
 START, END = 1, 2
 RULES = TokenRules(START, END)    # no <unk> suppression: random captions have no <unk> anyway
 VOCAB = 10_000
+FLICKR8K_VOCAB = 2543   # the full Flickr8k recipes' words seen 5 times or more
 
 
 def random_captions(batch: int, generator: torch.Generator, vocab: int = VOCAB) -> torch.Tensor:

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The CUDA paths, run on a GPU in one go and timed: the demo pipeline (every decoder, train.amp=auto), the demo's soft
 # recipe in full, the paper-size LSTM step against the tutorial's (fp32, compiled, bf16), torchrun with NCCL,
-# train.amp false / auto / auto + train.compile, decode.compile (CUDA graphs), the scaling and feature-caching
-# benchmarks, and a Flickr8k SCST recipe's epochs over stand-in data. Each step has a time limit and the whole a budget (the first argument, seconds; default 600): steps come
+# train.amp false / auto / auto + train.compile, decode.compile (CUDA graphs), and the scaling and feature-caching
+# benchmarks. Each step has a time limit and the whole a budget (the first argument, seconds; default 600): steps come
 # in the order of what they prove, and those that no longer fit are skipped with a line. Logs and JSON go to $OUT
 # (default runs/cuda_check); steps.txt there lists each step's exit status and seconds. SKIP names steps to leave out
 # (a rerun after a partial check). scripts/cuda_check_result.py gathers the folder (or a check's and its rerun's)
@@ -61,9 +61,5 @@ cp benchmarks/results/scaling.json "$OUT/" 2>/dev/null
 step bench_feature_cache 90 "$PY" benchmarks/bench_feature_cache.py --quick --device cuda
 cp benchmarks/results/feature_cache.json "$OUT/" 2>/dev/null
 cp "$WORK/demo/summary.json" "$OUT/demo_summary.json" 2>/dev/null
-# a Flickr8k SCST recipe's epochs at the full data's sizes over stand-in data (the photos cannot reach this machine):
-# its entry joins benchmarks/results/recipe_epochs.json, copied to $OUT for the session to commit
-step recipe_epochs 240 "$PY" benchmarks/bench_recipe_epochs.py flickr8k_full_transformer_scst --device cuda
-cp benchmarks/results/recipe_epochs.json "$OUT/" 2>/dev/null
 grep -h -E "device:|precision:|world:|trained and scored|Traceback|Error" "$OUT"/*.log | sort | uniq -c | sort -rn | head -30
 cat "$OUT/steps.txt"

@@ -25,7 +25,7 @@ from pathlib import Path
 from captioner.config import load_config, recipes
 from captioner.core.console import LOG_FORMAT
 from captioner.results.record import add_entry, machine_block
-from captioner.results.tables import cpu_name
+from captioner.results.tables import entry_key
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = "recipe_times"
@@ -38,11 +38,6 @@ def device_name() -> str:
     import torch
 
     return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
-
-
-def entry_key(entry: dict, machine: dict) -> str:
-    """The key of a timing in the result: ``RECIPE on GPU`` or ``RECIPE on CPU (WIDEST EXTENSION)``."""
-    return f"{entry['recipe']} on {entry['device'] if entry['device'] != 'cpu' else cpu_name(machine)}"
 
 
 def time_recipe(name: str, overrides: list[str]) -> dict:

@@ -136,10 +136,14 @@ def test_signal_mid_epoch_saves_and_resume_equals_uninterrupted(tiny_coco, tmp_p
 
     monkeypatch.setattr(engine, "decoder_loss", loss_then_signal)
     result = train(tiny_config(tiny_coco, tmp_path / "split"))
-    assert result["stopped"] and load_checkpoint(tmp_path / "split" / "last.pt")["progress"]["step"] == 7
+    progress = load_checkpoint(tmp_path / "split" / "last.pt")["progress"]
+    assert result["stopped"] and progress["step"] == 7
     monkeypatch.setattr(engine, "decoder_loss", real_loss)
     train(tiny_config(tiny_coco, tmp_path / "split"), resume=True)
     assert_same_weights(state_of(tmp_path / "full" / "last.pt"), state_of(tmp_path / "split" / "last.pt"))
+    records = [json.loads(line) for line in (tmp_path / "split" / "metrics.jsonl").read_text().splitlines()]
+    second = [r for r in records if r["type"] == "val" and r["epoch"] == 2][-1]
+    assert 0 < progress["epoch_seconds"] < second["epoch_seconds"]      # the time before the stop counts in the epoch
 
 
 def test_resuming_a_run_that_stopped_early_trains_no_further(tiny_coco, tmp_path):
@@ -215,6 +219,13 @@ def test_feature_cache_round_trip_resume_and_unreadable(tiny_coco, tmp_path):
         read = cache[image_id]
         assert stored.dtype == np.float16 and read.dtype == torch.float32
         assert torch.equal(read, torch.from_numpy(stored[row].astype(np.float32)))
+    build_feature_cache(model.encoder, records[:2], tmp_path / "cache32", transform=transform, dtype="float32",
+                        progress=False)
+    cache32, stored32 = FeatureCache(tmp_path / "cache32"), np.load(tmp_path / "cache32" / "features.npy")
+    read = cache32[cache32.meta["image_ids"][0]]
+    assert read.dtype == torch.float32 and torch.equal(read, torch.from_numpy(stored32[0]))
+    read += 1                                                            # a copy of its own, not the memory map
+    assert torch.equal(cache32[cache32.meta["image_ids"][0]], torch.from_numpy(stored32[0]))
 
 
 def test_a_damaged_feature_cache_is_one_line_and_never_read_as_zeros(tiny_coco, tmp_path):

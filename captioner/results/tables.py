@@ -222,6 +222,11 @@ def cpu_name(machine: dict) -> str:
     return machine["cpu"] + next((f" ({flag})" for flag in WIDEST_FIRST if flag in flags), "")
 
 
+def entry_key(entry: dict, machine: dict) -> str:
+    """The key of a recipe's timing in a result: ``RECIPE on GPU`` or ``RECIPE on CPU (WIDEST EXTENSION)``."""
+    return f"{entry['recipe']} on {entry['device'] if entry['device'] != 'cpu' else cpu_name(machine)}"
+
+
 def recipe_times(result: dict) -> list[str]:
     """Each shipped Flickr8k recipe's wall time end to end (``scripts/recipe_time.py``), alone on its machine: training
     with its validations, then scoring the best checkpoint on every validation photo. A CPU is named with the widest
@@ -366,7 +371,7 @@ def cuda_check(result: dict) -> list[str]:
             f"{name.removesuffix(' B=64')} {value['words_per_s']:,.0f}" for name, value in by_batch.items()
             if name.endswith("B=64"))
     if "feature_cache" in bench:
-        measured["bench_feature_cache"] = f"images/s caching {bench['feature_cache']['images']} images: " + ", ".join(
+        measured["bench_feature_cache"] = f"images/s caching {bench['feature_cache']['images']} images: " + "; ".join(
             f"{setting} {speed:,.0f}" for setting, speed in bench["feature_cache"]["images_per_s"].items())
     lines = header("step", "exit", "s (limit)", "measured")
     for name, step in result["steps"].items():

@@ -77,7 +77,7 @@ class TrainState:
     stale: int = 0                  # epochs since stage_best last improved
     train_seconds: float = 0.0      # training time of the whole run, resumed parts included
     words_per_s: float | None = None
-    epoch_seconds: float | None = None  # the last epoch's training time (of its part since a resume), validation apart
+    epoch_seconds: float | None = None  # the current or last epoch's training time so far, validation apart
     amp: bool | None = None         # train.amp as decided when the run started (None: not yet)
     scst_from: int | None = None    # the epoch (from 0) self-critical training began at (None: not yet)
     train_images: int = 0           # the training split's images and captions (what a model card states)
@@ -605,6 +605,11 @@ def _train_one_epoch(run: Run, state: TrainState, stop: GracefulStop, progress: 
     run.model.train()
     run.loss.train()
     words_seen, started = 0, time.perf_counter()
+    before = (state.epoch_seconds or 0.0) if state.batch_in_epoch else 0.0     # the part before a resume
+
+    def elapsed() -> float:
+        return before + time.perf_counter() - started
+
     bar = progress_bar(loader, desc=f"epoch {state.epoch + 1}/{train.epochs} ({objective})", unit="batch",
                        leave=False, show=run.world.is_main and progress, initial=state.batch_in_epoch,
                        total=state.batch_in_epoch + len(loader))
@@ -623,11 +628,13 @@ def _train_one_epoch(run: Run, state: TrainState, stop: GracefulStop, progress: 
         if state.step % train.log_every == 0:
             log_step(run, state, losses, words_per_s, objective)
         if train.checkpoint_every and state.step % train.checkpoint_every == 0:
+            state.epoch_seconds = elapsed()
             run.save(state)
         if stepped[1]:
+            state.epoch_seconds = elapsed()
             return False
-    state.epoch_seconds = time.perf_counter() - started
-    state.words_per_s = words_seen / max(state.epoch_seconds, 1e-9)
+    state.epoch_seconds = elapsed()
+    state.words_per_s = words_seen / max(time.perf_counter() - started, 1e-9)
     return True
 
 
