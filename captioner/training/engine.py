@@ -606,10 +606,6 @@ def _train_one_epoch(run: Run, state: TrainState, stop: GracefulStop, progress: 
     run.loss.train()
     words_seen, started = 0, time.perf_counter()
     before = (state.epoch_seconds or 0.0) if state.batch_in_epoch else 0.0     # the part before a resume
-
-    def elapsed() -> float:
-        return before + time.perf_counter() - started
-
     bar = progress_bar(loader, desc=f"epoch {state.epoch + 1}/{train.epochs} ({objective})", unit="batch",
                        leave=False, show=run.world.is_main and progress, initial=state.batch_in_epoch,
                        total=state.batch_in_epoch + len(loader))
@@ -623,18 +619,17 @@ def _train_one_epoch(run: Run, state: TrainState, stop: GracefulStop, progress: 
         if stepped is None:
             continue
         words_seen += int(stepped[0])
-        words_per_s = words_seen / (time.perf_counter() - started)
+        state.epoch_seconds = before + time.perf_counter() - started    # current for a save part-way through
+        words_per_s = words_seen / (state.epoch_seconds - before)
         bar.set_postfix(loss=f"{losses['loss'].item():.3f}", words_s=f"{words_per_s:.0f}", refresh=False)
         if state.step % train.log_every == 0:
             log_step(run, state, losses, words_per_s, objective)
         if train.checkpoint_every and state.step % train.checkpoint_every == 0:
-            state.epoch_seconds = elapsed()
             run.save(state)
         if stepped[1]:
-            state.epoch_seconds = elapsed()
             return False
-    state.epoch_seconds = elapsed()
-    state.words_per_s = words_seen / max(time.perf_counter() - started, 1e-9)
+    state.epoch_seconds = before + time.perf_counter() - started
+    state.words_per_s = words_seen / max(state.epoch_seconds - before, 1e-9)
     return True
 
 
