@@ -6,10 +6,11 @@ encoder), beside Xu et al. (2015), Table 1.
 Each run trains a shipped recipe (``flickr8k_full_soft``, ``flickr8k_full_hard``, ``flickr8k_full_transformer``;
 those that go on with self-critical training, ``flickr8k_full_soft_scst``, ``flickr8k_full_transformer_scst`` and
 ``flickr8k_full_soft_scst_lite2``, the soft one over EfficientNet-Lite2 features; ``flickr8k_full_soft_lite2``, the
-last one's cross-entropy stage alone; ``flickr8k_full_marginal``, marginal attention),
-or its no-attention ablation, with one seed; scores its best checkpoint (and an SCST run's cross-entropy start,
-``cross_entropy.pt``, the same way) on all 1,000 validation photos (beam and
-decoding of the recipe): BLEU-1..4, METEOR, ROUGE-L, CIDEr, the words used, distinct captions, repeated bigrams,
+last one's cross-entropy stage alone; ``flickr8k_full_marginal``, marginal attention; the three ``*_scst_words``
+recipes, which fine-tune the output layer of the study's SCST run of the same seed: ``soft_scst_lite2_words`` that
+of ``soft_scst_lite2``), or its no-attention ablation, with one seed; scores its best checkpoint (and an SCST run's
+cross-entropy start, ``cross_entropy.pt``, the same way) on all 1,000 validation photos (beam and decoding of the
+recipe): BLEU-1..4, METEOR, ROUGE-L, CIDEr, the words used, distinct captions, repeated bigrams,
 attention entropy and peak; grounds its attention on coco-mini (``$CAPTIONER_COCO_MINI``, default
 ``data/coco-mini``: COCO photos with their instance masks, see ``scripts/coco_mini.py``: pointing, mass in the
 mask, against a uniform map and the image centre); and writes all of it, with
@@ -22,6 +23,7 @@ several sessions loses nothing: the JSON is committed, the checkpoints (research
     python scripts/flickr8k_study.py soft --seed 0 --ablation   # its ablation (model.lstm.attention=none)
     python scripts/flickr8k_study.py hard --seed 1 -- train.epochs=2   # overrides after --: a trial, not saved
     python scripts/flickr8k_study.py soft_scst --seed 0 --resume      # a run stopped (Ctrl-C) or killed: go on
+    python scripts/flickr8k_study.py soft_scst_words --seed 0         # after soft_scst --seed 0: its words back
     python scripts/flickr8k_study.py soft --seed 0 --save flickr8k_trials --name cosine6 -- \
         train.lr_schedule=cosine train.epochs=6                      # a trial saved apart, in the result NAME
     python scripts/render_results.py                                 # the table on docs/results.md
@@ -56,7 +58,12 @@ RUNS = ROOT / "runs" / "flickr8k_full"
 KINDS = {"soft": "flickr8k_full_soft", "hard": "flickr8k_full_hard", "transformer": "flickr8k_full_transformer",
          "soft_scst": "flickr8k_full_soft_scst", "transformer_scst": "flickr8k_full_transformer_scst",
          "soft_lite2": "flickr8k_full_soft_lite2", "soft_scst_lite2": "flickr8k_full_soft_scst_lite2",
-         "marginal": "flickr8k_full_marginal"}
+         "marginal": "flickr8k_full_marginal", "soft_scst_words": "flickr8k_full_soft_scst_words",
+         "soft_scst_lite2_words": "flickr8k_full_soft_scst_lite2_words",
+         "transformer_scst_words": "flickr8k_full_transformer_scst_words"}
+# a recipe that fine-tunes another's model: the study's run of that recipe with the same seed (its best.pt)
+AFTER = {"soft_scst_words": "soft_scst", "soft_scst_lite2_words": "soft_scst_lite2",
+         "transformer_scst_words": "transformer_scst"}
 # the no-attention ablation of each recipe: the context is the mean of the regions at every word
 ABLATION = {"soft": ["model.lstm.attention=none", "model.lstm.attention_mode=soft"],
             "hard": ["model.lstm.attention=none", "model.lstm.attention_mode=soft"],
@@ -102,8 +109,14 @@ def run(kind: str, seed: int, ablation: bool, extra: list[str], resume: bool = F
     recipe = recipes()[KINDS[kind]]
     name = run_name(kind, seed, ablation)
     out = RUNS / (name if not extra else f"{name}_{trial or 'trial'}")
+    after = run_name(AFTER[kind], seed, False) if kind in AFTER else None
+    if after and not (RUNS / after / "study_entry.json").exists():     # written once that run is trained and scored
+        raise SystemExit(f"{RUNS / after}: {KINDS[kind]} fine-tunes the best model of {KINDS[AFTER[kind]]}, not yet "
+                         f"trained and scored with seed {seed}: python scripts/flickr8k_study.py {AFTER[kind]} --seed "
+                         f"{seed}{' --resume' if (RUNS / after / 'last.pt').exists() else ''}")
+    fine_tunes = [f"train.init_from={RUNS / after / 'best.pt'}"] if after else []     # recorded as "after"
     overrides = [*(ABLATION[kind] if ablation else []), f"run.seed={seed}", f"run.out={out}", *extra]
-    config = load_config(recipe, overrides)
+    config = load_config(recipe, [*fine_tunes, *overrides])
     key, probes = made_by(kind, ablation, extra)
     made = record_made_by([key], probes)       # the settings and probes that make its numbers, as it starts
     ensure_features(recipe, config.data.features, [], ["train", "val"])
@@ -129,6 +142,7 @@ def run(kind: str, seed: int, ablation: bool, extra: list[str], resume: bool = F
     progress = torch.load(Path(checkpoint).with_name("last.pt"), weights_only=True, map_location="cpu")["progress"]
     grounding = coco.get("grounding") or {}
     result = {"run": name, "recipe": KINDS[kind], "kind": kind, "ablation": ablation, "seed": seed,
+              **({"after": after} if after else {}),
               "overrides": overrides[:-1 - len(extra)] + extra if extra else overrides[:-1],
               "epochs": trained["epochs"], "best_val_metric": {config.train.metric: round(trained["best"], 4)},
               "val_curve": validation_curve(out),

@@ -136,6 +136,16 @@ def test_lite2_scst_recipe_caches_its_encoders_regions_then_trains_both_stages(h
     assert all(c.error is None and c.caption for c in captions)
 
 
+def test_lite2_words_recipe_is_the_soft_words_recipe_after_the_lite2_scst_recipe():
+    lite2 = load_config(recipes()["flickr8k_full_soft_scst_lite2_words"])
+    vgg = load_config(recipes()["flickr8k_full_soft_scst_words"])
+    scst = load_config(recipes()["flickr8k_full_soft_scst_lite2"])
+    assert lite2.train.init_from == f"{scst.run.out}/best.pt" and lite2.run.out not in (vgg.run.out, scst.run.out)
+    assert dataclasses.replace(lite2.train, init_from=vgg.train.init_from) == vgg.train and lite2.loss == vgg.loss
+    for section in ("data", "encoder", "model", "decode"):       # the model it fine-tunes, decoded as it was
+        assert getattr(lite2, section) == getattr(scst, section), section
+
+
 WORDS_RECIPES = {  # each recipe after SCST: its cross-entropy recipe and its SCST recipe
     "flickr8k_full_soft_scst_words": ("flickr8k_full_soft", "flickr8k_full_soft_scst"),
     "flickr8k_full_transformer_scst_words": ("flickr8k_full_transformer", "flickr8k_full_transformer_scst")}

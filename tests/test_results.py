@@ -407,3 +407,25 @@ def test_an_scst_diagnosis_table_shows_every_decoding_of_a_run():
     assert len(lines) == 4 and lines[0].startswith("| `long` |") and lines[2].startswith("|  |")
     assert "| `flickr8k_full_soft`'s, logit adjustment 0.2 |" in lines[2] and "| 270 |" in lines[2]
     assert lines[2].endswith("| 0.000 | – |") and lines[3].endswith("| 0.000 | 0.000 |")     # not measured: a dash
+
+
+def test_the_study_table_sets_each_scst_run_against_its_own_cross_entropy_start():
+    from captioner.results.tables import flickr8k_full
+
+    def scored(cider: float, words: int) -> dict:
+        return {"val": {"CIDEr": cider}, "diversity": {"vocabulary_used": words}}
+
+    def run(recipe: str, seed: int, cider: float, words: int, **more) -> dict:
+        return {"recipe": recipe, "ablation": False, "seed": seed, **scored(cider, words), **more}
+
+    runs = {"scst_s0": run("scst", 0, 0.55, 150, start=scored(0.50, 300)),
+            "scst_s1": run("scst", 1, 0.63, 200, start=scored(0.60, 200)),
+            "words_s0": run("words", 0, 0.54, 270, after="scst_s0"),          # against scst_s0's start
+            "words_s1": run("words", 1, 0.66, 180, after="scst_s1"),
+            "xe_s0": run("xe", 0, 0.50, 300)}
+    lines = flickr8k_full({"runs": runs})
+    column = lines[0].split(" | ").index("CIDEr gain, words kept (against its cross-entropy start)")
+    cell = {line.split(" | ")[0].strip("| `"): line.split(" | ")[column] for line in lines[2:]}
+    assert cell["scst"] == "7.5 ± 2.5 %, 75 ± 25 %"              # +10 % and +5 %; 50 % and 100 % of the words
+    assert cell["words"] == "9.0 ± 1.0 %, 90 ± 0 %"              # +8 % and +10 %
+    assert cell["xe"] == cell["scst`: its cross-entropy start"] == "–"

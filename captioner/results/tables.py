@@ -92,8 +92,9 @@ def mean_spread(values: list[float], digits: int = 3) -> str:
 def flickr8k_full(result: dict) -> list[str]:
     """The Flickr8k study (``scripts/flickr8k_study.py``): one line per recipe and ablation, the mean over its seeds
     with their spread, on the 1,000 validation photos (an SCST recipe's cross-entropy start on the line above it);
-    coco-mini pointing beside the uniform map's and the centre's; then the paper's Table 1 rows (on the official test
-    split)."""
+    each SCST run's CIDEr gain and share of words kept against its cross-entropy start (a fine-tuning run's: that of
+    the SCST run it fine-tunes, its ``after``); coco-mini pointing beside the uniform map's and the centre's; then the
+    paper's Table 1 rows (on the official test split)."""
     groups: dict[tuple[str, bool], list[dict]] = {}
     for run in result["runs"].values():
         groups.setdefault((run["recipe"], run["ablation"]), []).append(run)
@@ -107,7 +108,16 @@ def flickr8k_full(result: dict) -> list[str]:
                 found.append(run)
         return found
 
-    lines = header("run", "seeds", *CAPTION_METRICS, "words used", "distinct", "repeated bigram", "entropy",
+    def against_start(run: dict) -> tuple[float, float] | None:
+        """``run``'s CIDEr gain and words used, in % of its cross-entropy start's; None for a run with none."""
+        start = (result["runs"].get(run["after"]) or {}).get("start") if run.get("after") else run.get("start")
+        if not start:
+            return None
+        return (100 * (run["val"]["CIDEr"] / start["val"]["CIDEr"] - 1),
+                100 * run["diversity"]["vocabulary_used"] / start["diversity"]["vocabulary_used"])
+
+    lines = header("run", "seeds", *CAPTION_METRICS, "words used", "distinct", "repeated bigram",
+                   "CIDEr gain, words kept (against its cross-entropy start)", "entropy",
                    "peak / uniform", "coco-mini pointing (uniform, centre)", "coco-mini mass in mask (uniform)",
                    "train CPU min")
     for (recipe, ablation), runs in sorted(groups.items()):
@@ -117,13 +127,16 @@ def flickr8k_full(result: dict) -> list[str]:
                              *(mean_spread(values(starts, "val", m)) for m in CAPTION_METRICS),
                              mean_spread(values(starts, "diversity", "vocabulary_used"), 0),
                              mean_spread(values(starts, "diversity", "distinct_captions"), 2),
-                             mean_spread(values(starts, "diversity", "repeated_bigram"), 2), *(["–"] * 5)))
+                             mean_spread(values(starts, "diversity", "repeated_bigram"), 2), *(["–"] * 6)))
         pointing = values(runs, "coco_mini", "pointing_accuracy")
+        gains = [pair for run in runs if (pair := against_start(run))]
         lines.append(row(f"`{recipe}`" + (" without attention" if ablation else ""), len(runs),
                          *(mean_spread(values(runs, "val", m)) for m in CAPTION_METRICS),
                          mean_spread(values(runs, "diversity", "vocabulary_used"), 0),
                          mean_spread(values(runs, "diversity", "distinct_captions"), 2),
                          mean_spread(values(runs, "diversity", "repeated_bigram"), 2),
+                         f"{mean_spread([g for g, _ in gains], 1)} %, {mean_spread([w for _, w in gains], 0)} %"
+                         if gains else "–",
                          mean_spread(values(runs, "attention", "mean_entropy"), 2),
                          mean_spread(values(runs, "attention", "peak_ratio"), 1),
                          f"{mean_spread(pointing)} ({mean_spread(values(runs, 'coco_mini', 'uniform_pointing'))}, "
@@ -133,7 +146,7 @@ def flickr8k_full(result: dict) -> list[str]:
                          mean_spread([s / 60 for s in values(runs, "train_cpu_seconds")], 0)))
     for name, scores in PAPER_FLICKR8K.items():
         lines.append(row(f"Xu et al. 2015, {name} (test split)", "–",
-                         *(number(scores.get(m)) for m in CAPTION_METRICS), *(["–"] * 8)))
+                         *(number(scores.get(m)) for m in CAPTION_METRICS), *(["–"] * 9)))
     return lines
 
 
@@ -271,11 +284,11 @@ def own_photos(result: dict) -> list[str]:
     """The README's "Your own photos" commands, each timed in a fresh folder (``scripts/own_photos_time.py``): the
     training as the time of one epoch and of the recipe's own epochs at that pace."""
     counts, epoch = result["photos"], result["epoch_seconds"]
-    photos = sum(c["images"] for c in counts.values())
+    photos = ", ".join(f"{c['images']:,} {split}" for split, c in counts.items() if c["images"])
     train = f"`train {result['recipe']}`"
     lines = header("step", "captioner ...", "time")
-    lines.append(row(f"{photos:,} photos, their captions and the split, from files at hand (`--from`; without it, "
-                     "the download comes first)", "`data flickr8k`", duration(result["prepare_seconds"])))
+    lines.append(row(f"the photos ({photos}), their captions and the split, from files at hand (`--from`; without "
+                     "it, the download comes first)", "`data flickr8k`", duration(result["prepare_seconds"])))
     lines.append(row(f"VGG-19 features of the {result['cached_images']:,} photos, cached once", f"{train}, first",
                      duration(result["cache_seconds"])))
     lines.append(row(f"one training epoch ({counts['train']['images']:,} photos, "
