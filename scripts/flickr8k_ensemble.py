@@ -52,7 +52,7 @@ def main() -> None:
     made = [made_by(study[m]["kind"], study[m]["ablation"]) for m in args.members]     # what made each member
     recipes = dict.fromkeys(KINDS[study[m]["kind"]] for m in args.members)
     add_entry(ENSEMBLES, "ensembles", "+".join(args.members), entry,
-              configs=list(dict.fromkeys(config for config, _ in made)),
+              configs=list(dict.fromkeys(config for configs, _ in made for config in configs)),
               probes=[*dict.fromkeys(probe for _, probes in made for probe in probes), f"ensemble {' '.join(recipes)}"])
 
 

@@ -47,7 +47,7 @@ from captioner.config import load_config, recipes
 from captioner.core.console import LOG_FORMAT
 from captioner.errors import CaptionerError
 from captioner.results.fingerprint import ConfigRef, probe_name
-from captioner.results.record import RESULTS_DIR, add_entry, why_stale
+from captioner.results.record import RESULTS_DIR, add_entry, load_results, why_stale
 from captioner.results.record import made_by as record_made_by
 from captioner.workflows.report import read_metrics
 
@@ -71,12 +71,16 @@ ABLATION = {"soft": ["model.lstm.attention=none", "model.lstm.attention_mode=sof
 METRICS = ("BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "METEOR", "ROUGE-L", "CIDEr")
 
 
-def made_by(kind: str, ablation: bool, extra: Sequence[str] = ()) -> tuple[str, list[str]]:
+def made_by(kind: str, ablation: bool, extra: Sequence[str] = ()) -> tuple[list[str], list[str]]:
     """What made a run's numbers: its config (the recipe, or its ablation, with a trial's ``extra`` overrides) and
-    the probes of the code it runs."""
+    the probes of the code it runs; for a run that fine-tunes another (``AFTER``), that run's config and probes too."""
     config = ConfigRef(KINDS[kind], (*(ABLATION[kind] if ablation else []), *extra))
-    return config.key, ["text", "metrics", f"data {KINDS['soft']}", probe_name("train", config),
-                        probe_name("decode", config)]
+    keys, probes = [config.key], ["text", "metrics", f"data {KINDS['soft']}", probe_name("train", config),
+                                  probe_name("decode", config)]
+    if kind in AFTER:
+        before_keys, before_probes = made_by(AFTER[kind], False)
+        keys, probes = [*keys, *before_keys], [*probes, *(p for p in before_probes if p not in probes)]
+    return keys, probes
 
 
 def ensure_features(recipe: Path, features: str, overrides: list[str], splits: list[str]) -> None:
@@ -110,15 +114,17 @@ def run(kind: str, seed: int, ablation: bool, extra: list[str], resume: bool = F
     name = run_name(kind, seed, ablation)
     out = RUNS / (name if not extra else f"{name}_{trial or 'trial'}")
     after = run_name(AFTER[kind], seed, False) if kind in AFTER else None
-    if after and not (RUNS / after / "study_entry.json").exists():     # written once that run is trained and scored
-        raise SystemExit(f"{RUNS / after}: {KINDS[kind]} fine-tunes the best model of {KINDS[AFTER[kind]]}, not yet "
-                         f"trained and scored with seed {seed}: python scripts/flickr8k_study.py {AFTER[kind]} --seed "
-                         f"{seed}{' --resume' if (RUNS / after / 'last.pt').exists() else ''}")
+    saved = (load_results().get(RESULTS) or {}).get("result", {}).get("runs", {}) if after else {}
+    if after and (after not in saved or not (RUNS / after / "best.pt").exists()):
+        raise SystemExit(f"{RUNS / after}: {KINDS[kind]} fine-tunes the best model of the study's "
+                         f"{KINDS[AFTER[kind]]} run with seed {seed}, which is not "
+                         f"{'on this machine' if after in saved else 'trained and saved yet'}: python "
+                         f"scripts/flickr8k_study.py {AFTER[kind]} --seed {seed}")
     fine_tunes = [f"train.init_from={RUNS / after / 'best.pt'}"] if after else []     # recorded as "after"
     overrides = [*(ABLATION[kind] if ablation else []), f"run.seed={seed}", f"run.out={out}", *extra]
     config = load_config(recipe, [*fine_tunes, *overrides])
-    key, probes = made_by(kind, ablation, extra)
-    made = record_made_by([key], probes)       # the settings and probes that make its numbers, as it starts
+    keys, probes = made_by(kind, ablation, extra)
+    made = record_made_by(keys, probes)       # the settings and probes that make its numbers, as it starts
     ensure_features(recipe, config.data.features, [], ["train", "val"])
     started, cpu_started = time.perf_counter(), time.process_time()
     trained = train(config, resume=resume, overwrite=not resume)
@@ -170,7 +176,7 @@ def run(kind: str, seed: int, ablation: bool, extra: list[str], resume: bool = F
         if changed := why_stale(made):
             raise SystemExit(f"{out}: what makes its numbers changed while it trained ({'; '.join(changed)}): they "
                              f"are in {out / 'study_entry.json'}, not saved; train it again")
-        add_entry(save or RESULTS, "runs", f"{name}_{trial}" if save else name, result, configs=[key], probes=probes,
+        add_entry(save or RESULTS, "runs", f"{name}_{trial}" if save else name, result, configs=keys, probes=probes,
                   keep_stale=not save)
     return result
 
@@ -196,6 +202,8 @@ def main() -> None:
         parser.error("--restart drops the study's saved runs, not a trial's")
     if any(o.startswith(("run.seed=", "run.out=")) for o in args.overrides):
         parser.error("give a run's seed with --seed and a trial's folder with --name, not as overrides")
+    if args.kind in AFTER and any(o.startswith("train.init_from=") for o in args.overrides):
+        parser.error(f"{args.kind} fine-tunes the study's {AFTER[args.kind]} run of its seed: not another model")
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)   # each run's start-up facts: device, precision chosen
     if args.restart:
         (RESULTS_DIR / f"{RESULTS}.json").unlink(missing_ok=True)

@@ -429,3 +429,20 @@ def test_the_study_table_sets_each_scst_run_against_its_own_cross_entropy_start(
     assert cell["scst"] == "7.5 ± 2.5 %, 75 ± 25 %"              # +10 % and +5 %; 50 % and 100 % of the words
     assert cell["words"] == "9.0 ± 1.0 %, 90 ± 0 %"              # +8 % and +10 %
     assert cell["xe"] == cell["scst`: its cross-entropy start"] == "–"
+
+
+def test_a_study_run_that_fine_tunes_another_is_made_by_both_and_waits_for_it(monkeypatch, tmp_path):
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    study = load_script("flickr8k_study")
+    keys, probes = study.made_by("transformer_scst_words", False)
+    assert keys == ["flickr8k_full_transformer_scst_words", "flickr8k_full_transformer_scst"]
+    assert "train flickr8k_full_transformer_scst" in probes and len(probes) == len(set(probes))
+    monkeypatch.setattr(study, "RUNS", tmp_path)            # no run of that seed here, and none saved
+    monkeypatch.setattr(study, "load_results", lambda: {})
+    with pytest.raises(SystemExit, match="transformer_scst_s7: .* not trained and saved yet: python scripts/"
+                                         "flickr8k_study.py transformer_scst --seed 7"):
+        study.run("transformer_scst_words", 7, False, [])
+    saved = {study.RESULTS: {"result": {"runs": {"transformer_scst_s7": {}}}}}
+    monkeypatch.setattr(study, "load_results", lambda: saved)          # saved, on another machine
+    with pytest.raises(SystemExit, match="which is not on this machine"):
+        study.run("transformer_scst_words", 7, False, [])

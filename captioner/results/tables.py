@@ -111,7 +111,7 @@ def flickr8k_full(result: dict) -> list[str]:
     def against_start(run: dict) -> tuple[float, float] | None:
         """``run``'s CIDEr gain and words used, in % of its cross-entropy start's; None for a run with none."""
         start = (result["runs"].get(run["after"]) or {}).get("start") if run.get("after") else run.get("start")
-        if not start:
+        if not start or not start["val"]["CIDEr"]:
             return None
         return (100 * (run["val"]["CIDEr"] / start["val"]["CIDEr"] - 1),
                 100 * run["diversity"]["vocabulary_used"] / start["diversity"]["vocabulary_used"])
