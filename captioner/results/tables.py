@@ -93,8 +93,8 @@ def flickr8k_full(result: dict) -> list[str]:
     """The Flickr8k study (``scripts/flickr8k_study.py``): one line per recipe and ablation, the mean over its seeds
     with their spread, on the 1,000 validation photos (an SCST recipe's cross-entropy start on the line above it);
     each SCST run's CIDEr gain and share of words kept against its cross-entropy start (a fine-tuning run's: that of
-    the SCST run it fine-tunes, its ``after``); coco-mini pointing beside the uniform map's and the centre's; then the
-    paper's Table 1 rows (on the official test split)."""
+    the SCST run it fine-tunes, its ``after``), naming how many seeds it covers where some have no start; coco-mini
+    pointing beside the uniform map's and the centre's; then the paper's Table 1 rows (on the official test split)."""
     groups: dict[tuple[str, bool], list[dict]] = {}
     for run in result["runs"].values():
         groups.setdefault((run["recipe"], run["ablation"]), []).append(run)
@@ -136,6 +136,7 @@ def flickr8k_full(result: dict) -> list[str]:
                          mean_spread(values(runs, "diversity", "distinct_captions"), 2),
                          mean_spread(values(runs, "diversity", "repeated_bigram"), 2),
                          f"{mean_spread([g for g, _ in gains], 1)} %, {mean_spread([w for _, w in gains], 0)} %"
+                         + (f" ({len(gains)} of {len(runs)} seeds)" if len(gains) < len(runs) else "")
                          if gains else "–",
                          mean_spread(values(runs, "attention", "mean_entropy"), 2),
                          mean_spread(values(runs, "attention", "peak_ratio"), 1),
