@@ -106,12 +106,14 @@ def decode_overrides(decode: dict) -> list[str]:
     return [f"decode.{key}={json.dumps(value)}" for key, value in decode.items()]
 
 
-def scored_run(path: Path, study: str, adjustments: Sequence[float] = (), seen_endings: bool = False) -> dict:
+def scored_run(path: Path, study: str, adjustments: Sequence[float] = (), seen_endings: bool = False,
+               train_images: int = 0) -> dict:
     """One finished run (a folder: its ``best.pt``; or one checkpoint of a run, such as an SCST run's
     ``cross_entropy.pt``): its changes against its recipe, its validation curve (up to the checkpoint's epoch) and
     SCST statistics, and the checkpoint on all validation photos with each of :func:`decodings` (``adjustments``:
     its logit adjustments; ``seen_endings``: also with ``decode.seen_endings``), with the share of captions that stop
-    where no training caption does."""
+    where no training caption does; with ``train_images``, also on the first that many training photos with the
+    first decoding (how closely it fits the photos it was trained on)."""
     folder, checkpoint = (path.parent, path) if path.suffix == ".pt" else (path, path / "best.pt")
     config = yaml.safe_load((folder / "config.yaml").read_text())
     decoder = config["model"]["decoder"]
@@ -153,7 +155,23 @@ def scored_run(path: Path, study: str, adjustments: Sequence[float] = (), seen_e
             "unseen_end": round(unseen_endings(captions, vocab), 4),
             "repeated_bigram": round(diversity["repeated_bigram"], 4)}
         print(json.dumps({"run": row["run"], "decoding": mode, **row["decoded"][mode]}), flush=True)
+    if train_images:
+        row["train_fit"] = train_fit(checkpoint, folder, train_images, next(iter(decodings(study).values())))
+        print(json.dumps({"run": row["run"], "train_fit": row["train_fit"]}), flush=True)
     return row
+
+
+def train_fit(checkpoint: Path, folder: Path, images: int, decode: dict) -> dict:
+    """``checkpoint`` on the first ``images`` training photos of its run's data with ``decode``: BLEU-4 and CIDEr
+    (scored against those photos' own references), kept beside the run as the validation scores are."""
+    prefix = "train" if checkpoint.name == "best.pt" else f"train_{checkpoint.stem}"
+    scored = folder / f"{prefix}_{images}" / "scores_train.json"
+    scores = json.loads(scored.read_text()) if scored.exists() else None
+    if (not scores or scores["images"] != images or not DecodeConfig(**decode).same_as(scores["decode"])
+            or scored.stat().st_mtime < checkpoint.stat().st_mtime):
+        scores = evaluate_checkpoint(checkpoint, "train", out_dir=scored.parent, progress=False,
+                                     overrides=[f"data.max_train_images={images}", *decode_overrides(decode)])
+    return {"images": scores["images"], **{k: round(scores[k], 4) for k in ("BLEU-4", "CIDEr")}}
 
 
 def made_by(rows: list[dict], study: str) -> tuple[list[str], list[str]]:
@@ -182,6 +200,9 @@ def main() -> None:
                         help="also decode with the cross-entropy recipe's decoding and decode.logit_adjustment TAU")
     parser.add_argument("--seen-endings", action="store_true",
                         help="also decode with the cross-entropy recipe's decoding and decode.seen_endings")
+    parser.add_argument("--train-images", type=int, default=0, metavar="N",
+                        help="also decode each checkpoint on the first N training photos (with the first decoding): "
+                        "how closely it fits the photos it was trained on, beside validation")
     parser.add_argument("--merge", action="store_true", help="keep the saved result's other runs (each with the "
                         "machine it was measured on), where they are current; a run of the same name is replaced")
     args = parser.parse_args()
@@ -192,8 +213,8 @@ def main() -> None:
     if record is not None and (others := {r["recipe"] for r in record["result"]["runs"]} - studied):
         raise SystemExit(f"{args.save}: its runs were trained by {', '.join(sorted(others))}, not by --study "
                          f"{args.study}'s recipes; new runs cannot join them")
-    rows = [{**scored_run(Path(run), args.study, args.logit_adjustment, args.seen_endings), "machine": machine_block()}
-            for run in args.runs]
+    rows = [{**scored_run(Path(run), args.study, args.logit_adjustment, args.seen_endings, args.train_images),
+             "machine": machine_block()} for run in args.runs]
     if record is not None:
         rows = merged(record, rows)
     if args.save:

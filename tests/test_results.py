@@ -406,7 +406,36 @@ def test_an_scst_diagnosis_table_shows_every_decoding_of_a_run():
     lines = scst_diagnosis({"runs": [run]})[2:]
     assert len(lines) == 4 and lines[0].startswith("| `long` |") and lines[2].startswith("|  |")
     assert "| `flickr8k_full_soft`'s, logit adjustment 0.2 |" in lines[2] and "| 270 |" in lines[2]
-    assert lines[2].endswith("| 0.000 | – |") and lines[3].endswith("| 0.000 | 0.000 |")     # not measured: a dash
+    assert lines[2].endswith("| 0.000 | – | – |") and lines[3].endswith("| 0.000 | 0.000 | – |")  # not measured: a dash
+    run["train_fit"] = {"images": 1000, "BLEU-4": 0.37, "CIDEr": 0.968}
+    lines = scst_diagnosis({"runs": [run]})[2:]
+    assert lines[0].endswith("| 0.968 (1,000) |") and lines[1].endswith("| – |")     # on the first decoding's row
+
+
+def test_an_scst_diagnosis_scores_a_checkpoint_on_training_photos_once(monkeypatch, tmp_path):
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    script = load_script("scst_diagnosis")
+    checkpoint = tmp_path / "run" / "cross_entropy.pt"
+    checkpoint.parent.mkdir()
+    checkpoint.write_bytes(b"")
+    calls = []
+
+    def evaluate(path, split, out_dir, progress, overrides):
+        calls.append((path, split, overrides))
+        out_dir.mkdir(parents=True, exist_ok=True)
+        scores = {"images": 3, "BLEU-4": 0.31234, "CIDEr": 0.91234, "decode": decode}
+        (out_dir / "scores_train.json").write_text(json.dumps(scores))
+        return scores
+
+    monkeypatch.setattr(script, "evaluate_checkpoint", evaluate)
+    decode = next(iter(script.decodings("full").values()))
+    fit = script.train_fit(checkpoint, checkpoint.parent, 3, decode)
+    assert fit == {"images": 3, "BLEU-4": 0.3123, "CIDEr": 0.9123}
+    assert calls == [(checkpoint, "train", ["data.max_train_images=3", *script.decode_overrides(decode)])]
+    assert (tmp_path / "run" / "train_cross_entropy_3" / "scores_train.json").exists()
+    assert script.train_fit(checkpoint, checkpoint.parent, 3, decode) == fit and len(calls) == 1   # kept
+    script.train_fit(checkpoint, checkpoint.parent, 5, decode)                                     # other photos
+    assert len(calls) == 2 and calls[1][2][0] == "data.max_train_images=5"
 
 
 def test_the_study_table_sets_each_scst_run_against_its_own_cross_entropy_start():

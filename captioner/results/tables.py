@@ -312,10 +312,11 @@ def scst_diagnosis(result: dict) -> list[str]:
     ``decode.seen_endings`` where it was scored so), a row each, the run's own cells on its first, with the day of
     each run where they were measured on several (:func:`measured_on`). "Stops mid-phrase" is the share of captions
     that end where no training caption does (:func:`~captioner.evaluation.diversity.unseen_endings`; a dash for runs
-    scored before it was measured)."""
+    scored before it was measured). "Train CIDEr" is the first decoding's on the first training photos (how many in
+    brackets; a dash where not measured): how closely the checkpoint fits the photos SCST samples on."""
     lines = header("run", "differs from its recipe", "starts from", "val CIDEr by epoch (subset)",
                    "last epoch's samples: reward, cut", "decoding", "BLEU-4", "METEOR", "CIDEr", "distinct",
-                   "words used", "mean length", "dangling end", "stops mid-phrase")
+                   "words used", "mean length", "dangling end", "stops mid-phrase", "train CIDEr (photos)")
     for run in result["runs"]:
         shown_elsewhere = ("train.epochs", "train.val_max_images", "train.init_from", "train.log_every", "data.",
                            *(("model.",) if run.get("init_from") else ()))      # a start's model is its own
@@ -336,7 +337,9 @@ def scst_diagnosis(result: dict) -> list[str]:
                              number(scored["BLEU-4"]), number(scored["METEOR"]), number(scored["CIDEr"]),
                              number(scored["distinct_captions"], 2), scored["vocabulary_used"],
                              number(scored["mean_length"], 1), number(scored["dangling_end"], 3),
-                             number(scored.get("unseen_end"), 3)))
+                             number(scored.get("unseen_end"), 3),
+                             f"{number(fit['CIDEr'])} ({fit['images']:,})" if position == 0 and (
+                                 fit := run.get("train_fit")) else "–"))
     return lines
 
 
