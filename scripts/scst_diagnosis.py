@@ -15,6 +15,11 @@ on the full Flickr8k with the recipes' (the same for both) and greedily (beam 1,
         runs/diag_full/scst_dropout_on ... --save scst_diagnosis_full
     python scripts/scst_diagnosis.py --study full runs/diag54/cos6_xe01/cross_entropy.pt runs/diag54/cos6_xe01 \
         --save scst_diagnosis_full --merge
+    python scripts/scst_diagnosis.py --study full runs/flickr8k_full/soft_scst_lite2_s0/cross_entropy.pt \
+        runs/flickr8k_full/soft_scst_lite2_s0 --train-images 1000 --save scst_diagnosis_full --merge
+
+``--train-images N`` also decodes each checkpoint on the first N training photos with the first decoding: how
+closely it fits the photos SCST samples on, beside validation.
 
 Never commit what the runs write (runs/): the photos are for research use only.
 """
