@@ -18,8 +18,8 @@ on the full Flickr8k with the recipes' (the same for both) and greedily (beam 1,
     python scripts/scst_diagnosis.py --study full runs/flickr8k_full/soft_scst_lite2_s0/cross_entropy.pt \
         runs/flickr8k_full/soft_scst_lite2_s0 --train-images 1000 --save scst_diagnosis_full --merge
 
-``--train-images N`` also decodes each checkpoint on the first N training photos with the first decoding: how
-closely it fits the photos SCST samples on, beside validation.
+``--train-images N`` also decodes each checkpoint on the first N photos it was trained on (those SCST samples on)
+with the first decoding: how closely it fits them, beside validation.
 
 Never commit what the runs write (runs/): the photos are for research use only.
 """
@@ -36,7 +36,7 @@ import torch
 import yaml
 from hard_attention_diagnosis import differences, joined_record, merged
 
-from captioner.checkpoint import load_checkpoint
+from captioner.checkpoint import checkpoint_digest, load_checkpoint
 from captioner.config import load_config, recipes
 from captioner.data.vocabulary import Vocabulary, with_training_counts
 from captioner.decoding.search import DecodeConfig
@@ -117,8 +117,8 @@ def scored_run(path: Path, study: str, adjustments: Sequence[float] = (), seen_e
     ``cross_entropy.pt``): its changes against its recipe, its validation curve (up to the checkpoint's epoch) and
     SCST statistics, and the checkpoint on all validation photos with each of :func:`decodings` (``adjustments``:
     its logit adjustments; ``seen_endings``: also with ``decode.seen_endings``), with the share of captions that stop
-    where no training caption does; with ``train_images``, also on the first that many training photos with the
-    first decoding (how closely it fits the photos it was trained on)."""
+    where no training caption does; with ``train_images``, also on the first that many photos it was trained on
+    (at most its run's ``data.max_train_images``) with the first decoding: how closely it fits them."""
     folder, checkpoint = (path.parent, path) if path.suffix == ".pt" else (path, path / "best.pt")
     config = yaml.safe_load((folder / "config.yaml").read_text())
     decoder = config["model"]["decoder"]
@@ -161,27 +161,33 @@ def scored_run(path: Path, study: str, adjustments: Sequence[float] = (), seen_e
             "repeated_bigram": round(diversity["repeated_bigram"], 4)}
         print(json.dumps({"run": row["run"], "decoding": mode, **row["decoded"][mode]}), flush=True)
     if train_images:
-        row["train_fit"] = train_fit(checkpoint, folder, train_images, next(iter(decodings(study).values())))
+        trained_on = config["data"].get("max_train_images")         # the quick subset's runs train on 700
+        photos = min(train_images, trained_on) if trained_on else train_images
+        mode, decode = next(iter(decodings(study).items()))
+        row["train_fit"] = {"decoding": mode, **train_fit(checkpoint, folder, photos, decode)}
         print(json.dumps({"run": row["run"], "train_fit": row["train_fit"]}), flush=True)
     return row
 
 
 def train_fit(checkpoint: Path, folder: Path, images: int, decode: dict) -> dict:
     """``checkpoint`` on the first ``images`` training photos of its run's data with ``decode``: BLEU-4 and CIDEr
-    (scored against those photos' own references), kept beside the run as the validation scores are."""
+    (scored against those photos' own references), kept beside the run as the validation scores are and decoded
+    again unless those were made from this very checkpoint, on these photos, with this decoding."""
     prefix = "train" if checkpoint.name == "best.pt" else f"train_{checkpoint.stem}"
     scored = folder / f"{prefix}_{images}" / "scores_train.json"
     scores = json.loads(scored.read_text()) if scored.exists() else None
-    if (not scores or scores["images"] != images or not DecodeConfig(**decode).same_as(scores["decode"])
-            or scored.stat().st_mtime < checkpoint.stat().st_mtime):
+    photos = f"data.max_train_images={images}"
+    if (not scores or [o for o in scores["overrides"] if not o.startswith("decode.")] != [photos]
+            or not DecodeConfig(**decode).same_as(scores["decode"])
+            or scores["checkpoint_sha256"] != [checkpoint_digest(checkpoint)]):
         scores = evaluate_checkpoint(checkpoint, "train", out_dir=scored.parent, progress=False,
-                                     overrides=[f"data.max_train_images={images}", *decode_overrides(decode)])
+                                     overrides=[photos, *decode_overrides(decode)])
     return {"images": scores["images"], **{k: round(scores[k], 4) for k in ("BLEU-4", "CIDEr")}}
 
 
 def made_by(rows: list[dict], study: str) -> tuple[list[str], list[str]]:
     """The configs and probes of the result: each row's recipe with the changes that shape its training (trained as
-    it was), and the decoding probes of :func:`decodings`."""
+    it was), and the decoding probes of :func:`decodings` (a train fit decodes with the first of them)."""
     configs = []
     for row in rows:
         changes = [c for c in row["changes"] if not c.startswith((*LENGTH_AND_START, "decode."))]
@@ -206,11 +212,14 @@ def main() -> None:
     parser.add_argument("--seen-endings", action="store_true",
                         help="also decode with the cross-entropy recipe's decoding and decode.seen_endings")
     parser.add_argument("--train-images", type=int, default=0, metavar="N",
-                        help="also decode each checkpoint on the first N training photos (with the first decoding): "
-                        "how closely it fits the photos it was trained on, beside validation")
+                        help="also decode each checkpoint on the first N photos it was trained on (at most its run's "
+                        "data.max_train_images), with the first decoding: how closely it fits them")
     parser.add_argument("--merge", action="store_true", help="keep the saved result's other runs (each with the "
-                        "machine it was measured on), where they are current; a run of the same name is replaced")
+                        "machine it was measured on), where they are current; a run of the same name is replaced "
+                        "(give --train-images again to keep its train CIDEr)")
     args = parser.parse_args()
+    if args.train_images < 0:
+        parser.error(f"--train-images must be 0 (none) or more, not {args.train_images}")
     check_shared_decoding(args.study)
     record = joined_record(args.save, args.merge, lambda row: [name for names in made_by([row], args.study)
                                                                for name in names])

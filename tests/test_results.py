@@ -407,9 +407,12 @@ def test_an_scst_diagnosis_table_shows_every_decoding_of_a_run():
     assert len(lines) == 4 and lines[0].startswith("| `long` |") and lines[2].startswith("|  |")
     assert "| `flickr8k_full_soft`'s, logit adjustment 0.2 |" in lines[2] and "| 270 |" in lines[2]
     assert lines[2].endswith("| 0.000 | – | – |") and lines[3].endswith("| 0.000 | 0.000 | – |")  # not measured: a dash
-    run["train_fit"] = {"images": 1000, "BLEU-4": 0.37, "CIDEr": 0.968}
+    run["train_fit"] = {"images": 1000, "BLEU-4": 0.37, "CIDEr": 0.968}             # saved before it named its decoding
     lines = scst_diagnosis({"runs": [run]})[2:]
     assert lines[0].endswith("| 0.968 (1,000) |") and lines[1].endswith("| – |")     # on the first decoding's row
+    run["train_fit"]["decoding"] = "greedy"
+    lines = scst_diagnosis({"runs": [run]})[2:]
+    assert lines[0].endswith("| – |") and lines[1].endswith("| 0.968 (1,000) |")     # on its decoding's row
 
 
 def test_an_scst_diagnosis_scores_a_checkpoint_on_training_photos_once(monkeypatch, tmp_path):
@@ -423,7 +426,10 @@ def test_an_scst_diagnosis_scores_a_checkpoint_on_training_photos_once(monkeypat
     def evaluate(path, split, out_dir, progress, overrides):
         calls.append((path, split, overrides))
         out_dir.mkdir(parents=True, exist_ok=True)
-        scores = {"images": 3, "BLEU-4": 0.31234, "CIDEr": 0.91234, "decode": decode}
+        scores = {"images": 3, "BLEU-4": 0.31234, "CIDEr": 0.91234, "overrides": overrides,
+                  "decode": {**decode, **{o.split("=")[0][7:]: json.loads(o.split("=")[1])
+                                         for o in overrides if o.startswith("decode.")}},
+                  "checkpoint_sha256": [script.checkpoint_digest(path)]}
         (out_dir / "scores_train.json").write_text(json.dumps(scores))
         return scores
 
@@ -435,7 +441,18 @@ def test_an_scst_diagnosis_scores_a_checkpoint_on_training_photos_once(monkeypat
     assert (tmp_path / "run" / "train_cross_entropy_3" / "scores_train.json").exists()
     assert script.train_fit(checkpoint, checkpoint.parent, 3, decode) == fit and len(calls) == 1   # kept
     script.train_fit(checkpoint, checkpoint.parent, 5, decode)                                     # other photos
+    script.train_fit(checkpoint, checkpoint.parent, 5, decode)
     assert len(calls) == 2 and calls[1][2][0] == "data.max_train_images=5"
+    script.train_fit(checkpoint, checkpoint.parent, 3, {**decode, "beam": 1})                      # another decoding
+    assert len(calls) == 3
+    checkpoint.write_bytes(b"trained further")                                                     # another model
+    script.train_fit(checkpoint, checkpoint.parent, 3, {**decode, "beam": 1})
+    assert len(calls) == 4
+    scored = tmp_path / "run" / "train_cross_entropy_3" / "scores_train.json"
+    made_otherwise = json.loads(scored.read_text())
+    scored.write_text(json.dumps({**made_otherwise, "overrides": ["data.max_train_images=3", "encoder.name=vgg19"]}))
+    script.train_fit(checkpoint, checkpoint.parent, 3, {**decode, "beam": 1})                      # other data
+    assert len(calls) == 5
 
 
 def test_the_study_table_sets_each_scst_run_against_its_own_cross_entropy_start():

@@ -312,8 +312,8 @@ def scst_diagnosis(result: dict) -> list[str]:
     ``decode.seen_endings`` where it was scored so), a row each, the run's own cells on its first, with the day of
     each run where they were measured on several (:func:`measured_on`). "Stops mid-phrase" is the share of captions
     that end where no training caption does (:func:`~captioner.evaluation.diversity.unseen_endings`; a dash for runs
-    scored before it was measured). "Train CIDEr" is the first decoding's on the first training photos (how many in
-    brackets; a dash where not measured): how closely the checkpoint fits the photos SCST samples on."""
+    scored before it was measured). "Train CIDEr" is the first decoding's on the first photos the run was trained on
+    (how many in brackets; a dash where not measured): how closely the checkpoint fits them."""
     lines = header("run", "differs from its recipe", "starts from", "val CIDEr by epoch (subset)",
                    "last epoch's samples: reward, cut", "decoding", "BLEU-4", "METEOR", "CIDEr", "distinct",
                    "words used", "mean length", "dangling end", "stops mid-phrase", "train CIDEr (photos)")
@@ -327,6 +327,7 @@ def scst_diagnosis(result: dict) -> list[str]:
             init = Path(run["init_from"])
             start = f"`{init.parent.name}`" if init.name == "best.pt" else f"`{init.parent.name}/{init.name}`"
         measured = measured_on(run, result)
+        first = next(iter(run["decoded"]))
         for position, (mode, scored) in enumerate(run["decoded"].items()):
             named = (f"`{run['run']}`{measured}", ", ".join(f"`{c}`" for c in changes) or "–", start,
                      ", ".join(number(point["CIDEr"]) for point in run["val_curve"]),
@@ -338,8 +339,8 @@ def scst_diagnosis(result: dict) -> list[str]:
                              number(scored["distinct_captions"], 2), scored["vocabulary_used"],
                              number(scored["mean_length"], 1), number(scored["dangling_end"], 3),
                              number(scored.get("unseen_end"), 3),
-                             f"{number(fit['CIDEr'])} ({fit['images']:,})" if position == 0 and (
-                                 fit := run.get("train_fit")) else "–"))
+                             f"{number(fit['CIDEr'])} ({fit['images']:,})" if (fit := run.get("train_fit"))
+                             and mode == fit.get("decoding", first) else "–"))
     return lines
 
 
