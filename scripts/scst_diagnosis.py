@@ -143,15 +143,10 @@ def scored_run(path: Path, study: str, adjustments: Sequence[float] = (), seen_e
     vocab = with_endings(checkpoint, folder)
     for mode, decode in decodings(study, adjustments, seen_endings).items():
         prefix = "val" if checkpoint.name == "best.pt" else f"val_{checkpoint.stem}"
-        scored = folder / f"{prefix}_{folder_name(mode)}" / "scores_val.json"
-        scores = json.loads(scored.read_text()) if scored.exists() else None
-        if (not scores or not DecodeConfig(**decode).same_as(scores["decode"])
-                or scored.stat().st_mtime < checkpoint.stat().st_mtime):
-            # not scored with this decoding since the checkpoint was written
-            scores = evaluate_checkpoint(checkpoint, "val", out_dir=scored.parent, progress=False,
-                                         overrides=["data.max_val_images=null", *decode_overrides(decode)])
+        scored = folder / f"{prefix}_{folder_name(mode)}"
+        scores = scored_once(checkpoint, "val", scored, "data.max_val_images=null", decode)
         diversity = scores["diversity"]
-        captions = {c["image_id"]: c["caption"] for c in json.loads((scored.parent / "captions_val.json").read_text())}
+        captions = {c["image_id"]: c["caption"] for c in json.loads((scored / "captions_val.json").read_text())}
         row["decoded"][mode] = {
             "images": scores["images"], **{k: round(scores[k], 4) for k in ("BLEU-4", "METEOR", "CIDEr")},
             "distinct_captions": round(diversity["distinct_captions"], 4),
@@ -171,18 +166,24 @@ def scored_run(path: Path, study: str, adjustments: Sequence[float] = (), seen_e
 
 def train_fit(checkpoint: Path, folder: Path, images: int, decode: dict) -> dict:
     """``checkpoint`` on the first ``images`` training photos of its run's data with ``decode``: BLEU-4 and CIDEr
-    (scored against those photos' own references), kept beside the run as the validation scores are and decoded
-    again unless those were made from this very checkpoint, on these photos, with this decoding."""
+    (scored against those photos' own references), kept beside the run as the validation scores are."""
     prefix = "train" if checkpoint.name == "best.pt" else f"train_{checkpoint.stem}"
-    scored = folder / f"{prefix}_{images}" / "scores_train.json"
-    scores = json.loads(scored.read_text()) if scored.exists() else None
-    photos = f"data.max_train_images={images}"
-    if (not scores or [o for o in scores["overrides"] if not o.startswith("decode.")] != [photos]
-            or not DecodeConfig(**decode).same_as(scores["decode"])
-            or scores["checkpoint_sha256"] != [checkpoint_digest(checkpoint)]):
-        scores = evaluate_checkpoint(checkpoint, "train", out_dir=scored.parent, progress=False,
-                                     overrides=[photos, *decode_overrides(decode)])
+    scores = scored_once(checkpoint, "train", folder / f"{prefix}_{images}", f"data.max_train_images={images}", decode)
     return {"images": scores["images"], **{k: round(scores[k], 4) for k in ("BLEU-4", "CIDEr")}}
+
+
+def scored_once(checkpoint: Path, split: str, folder: Path, photos: str, decode: dict) -> dict:
+    """The scores of ``checkpoint`` on ``split`` (its photos chosen by the override ``photos``) with ``decode``,
+    written to ``folder``: those kept there where they were made from this very checkpoint, on these photos, with
+    this decoding, else decoded now."""
+    scored = folder / f"scores_{split}.json"
+    scores = json.loads(scored.read_text()) if scored.exists() else None
+    if (scores and [o for o in scores.get("overrides", []) if not o.startswith("decode.")] == [photos]
+            and DecodeConfig(**decode).same_as(scores["decode"])
+            and scores.get("checkpoint_sha256") == [checkpoint_digest(checkpoint)]):
+        return scores
+    return evaluate_checkpoint(checkpoint, split, out_dir=folder, progress=False,
+                               overrides=[photos, *decode_overrides(decode)])
 
 
 def made_by(rows: list[dict], study: str) -> tuple[list[str], list[str]]:
