@@ -142,8 +142,7 @@ def scored_run(path: Path, study: str, adjustments: Sequence[float] = (), seen_e
                                      for key in ("reward", "cut_share", "caption_length", "sample_entropy")}
     vocab = with_endings(checkpoint, folder)
     for mode, decode in decodings(study, adjustments, seen_endings).items():
-        prefix = "val" if checkpoint.name == "best.pt" else f"val_{checkpoint.stem}"
-        scored = folder / f"{prefix}_{folder_name(mode)}"
+        scored = kept_beside(folder, checkpoint, "val", folder_name(mode))
         scores = scored_once(checkpoint, "val", scored, "data.max_val_images=null", decode)
         diversity = scores["diversity"]
         captions = {c["image_id"]: c["caption"] for c in json.loads((scored / "captions_val.json").read_text())}
@@ -167,9 +166,16 @@ def scored_run(path: Path, study: str, adjustments: Sequence[float] = (), seen_e
 def train_fit(checkpoint: Path, folder: Path, images: int, decode: dict) -> dict:
     """``checkpoint`` on the first ``images`` training photos of its run's data with ``decode``: BLEU-4 and CIDEr
     (scored against those photos' own references), kept beside the run as the validation scores are."""
-    prefix = "train" if checkpoint.name == "best.pt" else f"train_{checkpoint.stem}"
-    scores = scored_once(checkpoint, "train", folder / f"{prefix}_{images}", f"data.max_train_images={images}", decode)
+    scores = scored_once(checkpoint, "train", kept_beside(folder, checkpoint, "train", str(images)),
+                         f"data.max_train_images={images}", decode)
     return {"images": scores["images"], **{k: round(scores[k], 4) for k in ("BLEU-4", "CIDEr")}}
+
+
+def kept_beside(folder: Path, checkpoint: Path, split: str, name: str) -> Path:
+    """Where ``checkpoint``'s scores on ``split`` are kept in its run ``folder``: ``SPLIT_NAME`` for ``best.pt``,
+    ``SPLIT_STEM_NAME`` for another checkpoint of the run (such as ``cross_entropy.pt``)."""
+    parts = [split, name] if checkpoint.name == "best.pt" else [split, checkpoint.stem, name]
+    return folder / "_".join(parts)
 
 
 def scored_once(checkpoint: Path, split: str, folder: Path, photos: str, decode: dict) -> dict:
