@@ -120,13 +120,14 @@ def main() -> None:
             raise SystemExit(f"{args.recipe}: stopped before its {xe_epochs + scst_epochs} epochs ended; nothing saved")
         wall = time.perf_counter() - started
         times = epoch_times(folder / "run", xe_epochs if scst else None)
-        vocab = len(Vocabulary.from_dict(load_checkpoint(folder / "run" / "last.pt")["vocab"]))
+        last = load_checkpoint(folder / "run" / "last.pt")
+        vocab, amp = len(Vocabulary.from_dict(last["vocab"])), last["progress"].get("amp")
     epochs_s = sum(e["train_s"] + e["val_s"] for kind in times.values() for e in kind)
     per_epoch = {kind: e[-1]["train_s"] + e[-1]["val_s"] for kind, e in times.items()}
     other = max(wall - epochs_s, 0.0)        # outside the epochs: set-up, checkpoints, the switch to SCST
     projected = other + project[0] * per_epoch["xe"] + project[1] * per_epoch.get("scst", 0.0)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    entry = {"recipe": args.recipe, "device": name, "threads": torch.get_num_threads(),
+    entry = {"recipe": args.recipe, "device": name, "threads": torch.get_num_threads(), "precision": amp,
              "images": images, "caption_words": list(CAPTION_WORDS), "vocabulary": vocab, "epochs": times,
              "wall_s": round(wall, 1), "other_s": round(other, 1), "projected_epochs": list(project),
              "projected_min": round(projected / 60, 1), "trained_epochs": trained["epochs"]}

@@ -29,7 +29,7 @@ from captioner.core.files import atomic_write, file_sha256
 from captioner.data.config import DataConfig
 from captioner.data.shapes import annotation_info, is_shapes
 from captioner.data.vocabulary import Vocabulary, with_training_counts
-from captioner.errors import CaptionerError
+from captioner.errors import CaptionerError, first_line
 from captioner.export.folder import CONFIG, is_export, read_export
 from captioner.models.captioner import Captioner, build_captioner
 
@@ -72,7 +72,7 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
                                  ) from None
         raise CaptionerError(f"{path}: not a readable checkpoint (not a torch.save file of plain data)") from None
     except (RuntimeError, EOFError, ValueError, OSError) as err:
-        raise CaptionerError(f"{path}: not a readable checkpoint ({str(err).splitlines()[0] if str(err) else type(err).__name__})") from None
+        raise CaptionerError(f"{path}: not a readable checkpoint ({first_line(err)})") from None
     except Exception:   # a text or other foreign file can stop the unpickler with KeyError, IndexError, ...
         raise CaptionerError(f"{path}: not a readable checkpoint (not a torch.save file of plain data)") from None
     if not isinstance(payload, dict) or not {"model", "vocab", "config"} <= payload.keys():
@@ -223,6 +223,6 @@ def build_checkpoint_model(payload: dict, path: str | Path, overrides: Sequence[
     try:
         model.load_state_dict(model_state)
     except RuntimeError as err:
-        detail = str(err).splitlines()[0]
+        detail = first_line(err)
         raise CaptionerError(f"{path}: weights do not fit the architecture its config describes ({detail})") from None
     return model, vocab, config

@@ -306,7 +306,7 @@ def apply_overrides(config: Config, overrides: Sequence[str]) -> Config:
 
 RECIPE_DIR = Path(__file__).resolve().parent / "configs"
 """The recipes that ship with the package (``captioner config --list``): the demo's runs and the COCO and
-Flickr8k ones, each a YAML config whose comments say what it is for and what it scored."""
+Flickr8k ones, each a YAML config whose comments say what it is for."""
 
 
 def recipes() -> dict[str, Path]:

@@ -1,12 +1,12 @@
 """The README's "Your own photos" commands as a user runs them, each timed: in an empty folder and a fresh shell
-(``bash -c``, the clone's ``.venv/bin`` first on ``PATH``), Flickr8k is prepared, ``flickr8k_full_soft`` trains
-(caching the VGG-19 features of every photo first), its best checkpoint scores the test photos (the val photos where
-the split has none) and captions the photos given as one's own:
+(``bash -c``, the clone's ``.venv/bin`` first on ``PATH``), Flickr8k is prepared, ``flickr8k_full_soft_lite2``
+trains (caching the encoder's features of every photo first), its best checkpoint scores the test photos (the val
+photos where the split has none) and captions the photos given as one's own:
 
     captioner data flickr8k --root data/flickr8k --from SOURCE      # in place of the 1.1 GB download
-    captioner train flickr8k_full_soft train.epochs=E
-    captioner evaluate --checkpoint runs/flickr8k_full_soft/best.pt --split test
-    captioner caption my_photos/*.jpg --checkpoint runs/flickr8k_full_soft/best.pt
+    captioner train flickr8k_full_soft_lite2 train.epochs=E
+    captioner evaluate --checkpoint runs/flickr8k_full_soft_lite2/best.pt --split test
+    captioner caption my_photos/*.jpg --checkpoint runs/flickr8k_full_soft_lite2/best.pt
 
 It prints the transcript (each command, the end of its output, its exit status and wall time) and writes the times
 into ``benchmarks/results/own_photos.json`` with the machine (the command recorded with the two folders named by
@@ -35,7 +35,7 @@ from captioner.results.record import write_result
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = "own_photos"
-RECIPE = "flickr8k_full_soft"
+RECIPE = "flickr8k_full_soft_lite2"
 CHECKPOINT = f"runs/{RECIPE}/best.pt"
 SHOWN_LINES = 12        # the last lines of each command's output in the transcript
 
@@ -72,7 +72,9 @@ def run_steps(source: Path, photos: list[Path], folder: Path, epochs: int) -> di
     cached = sum(c["images"] for c in counts.values())
     from captioner.config import load_config, recipes
 
-    return {"recipe": RECIPE, "epochs": epochs, "recipe_epochs": load_config(recipes()[RECIPE]).train.epochs,
+    config = load_config(recipes()[RECIPE])
+    return {"recipe": RECIPE, "encoder": config.encoder.name, "epochs": epochs, "recipe_epochs": config.train.epochs,
+            "early_stopping": bool(config.train.early_stopping),
             "precision": progress.get("amp"), "photos": counts,
             "exit": [step["exit"] for step in steps],
             "prepare_seconds": prepare["seconds"],

@@ -133,9 +133,9 @@ def test_download_checks_unpacks_and_writes_the_official_split_then_a_second_run
     assert (f"skipped: 5 captions of 1 name that is no photo ({ORPHAN}); 1 listed name without a photo ({MISSING}); "
             f"1 listed photo without a caption ({UNCAPTIONED}); 1 line or entry that cannot be read") in out
     assert "unused: 1 photo in no split" in out
-    train = f"captioner train flickr8k_full_soft data.karpathy={root}/dataset_flickr8k.json data.image_root={root}"
+    train = f"captioner train flickr8k_full_soft_lite2 data.karpathy={root}/dataset_flickr8k.json data.image_root={root}"
     assert train in out
-    assert "captioner evaluate --checkpoint runs/flickr8k_full_soft/best.pt --split test" in out
+    assert "captioner evaluate --checkpoint runs/flickr8k_full_soft_lite2/best.pt --split test" in out
     check_split(root)
     assert sorted(p.name for p in (root / "images").iterdir()) == sorted([*NAMES, UNUSED])   # no ._ forks
     assert (root / "text" / "readme.txt").is_file() and not list((root / "downloads").iterdir())
@@ -230,7 +230,7 @@ def test_from_photos_with_a_karpathy_file_takes_its_split(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "split: train 2 photos (9 captions), val 1 photo (5 captions), test none" in out
     assert f"skipped: 1 listed name without a photo ({MISSING}); 1 caption without a word" in out
-    assert "captioner evaluate --checkpoint runs/flickr8k_full_soft/best.pt --split val" in out    # no test photos
+    assert "captioner evaluate --checkpoint runs/flickr8k_full_soft_lite2/best.pt --split val" in out  # no test
     data = json.loads((root / "dataset_flickr8k.json").read_text())
     assert [e["filename"] for e in data["images"]] == NAMES[:3]
     assert data["images"][1]["sentids"] == [6, 7, 8, 9] and data["images"][0] == entries[0]

@@ -32,9 +32,7 @@ from captioner.errors import CaptionerError
 from captioner.evaluation.shapes_metrics import (
     Mention,
     Relation,
-    object_precision,
     parse_caption,
-    relation_accuracy,
     shapes_objects,
     shapes_scores,
 )
@@ -354,8 +352,8 @@ def test_parse_caption_survives_junk(junk, mentions, relations):
     ("<unk> <unk>", 0.0, None)])
 def test_measures_on_hand_made_captions(caption, precision, accuracy):
     generated = {1: caption}
-    assert object_precision(generated, RED_LEFT_BLUE_RIGHT) == precision
-    assert relation_accuracy(generated, RED_LEFT_BLUE_RIGHT) == accuracy
+    scores = shapes_scores(generated, RED_LEFT_BLUE_RIGHT)
+    assert scores["object_precision"] == precision and scores["relation_accuracy"] == accuracy
 
 
 def test_measures_pool_over_images():

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from captioner.errors import CaptionerError
+from captioner.errors import CaptionerError, first_line
 
 log = logging.getLogger(__name__)
 
@@ -62,15 +62,10 @@ def cuda_unavailable_reason() -> str:
         try:
             torch.cuda.init()
         except Exception as err:     # torch raises RuntimeError or AssertionError with the driver's story
-            return _first_line(err)
+            return first_line(err)
     if caught:
-        return _first_line(caught[0].message)
+        return first_line(caught[0].message)
     return "no CUDA device was found"
-
-
-def _first_line(message: object) -> str:
-    text = str(message).strip()
-    return text.splitlines()[0] if text else type(message).__name__
 
 
 def cpu_model() -> str:

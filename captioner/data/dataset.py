@@ -168,9 +168,9 @@ class EpochSampler(Sampler[int]):
 
     BUCKET_WINDOW = 50
 
-    def __init__(self, num_items: int, seed: int, shuffle: bool = True, rank: int = 0, world_size: int = 1,
+    def __init__(self, num_items: int, seed: int, rank: int = 0, world_size: int = 1,
                  lengths: Sequence[int] | None = None, bucket_batch: int = 0):
-        self.num_items, self.seed, self.shuffle = num_items, seed, shuffle
+        self.num_items, self.seed = num_items, seed
         self.rank, self.world_size = rank, world_size
         self.lengths, self.bucket_batch = lengths, bucket_batch
         self.epoch, self.start = 0, 0
@@ -181,10 +181,7 @@ class EpochSampler(Sampler[int]):
 
     def _rank_indices(self) -> list[int]:
         generator = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
-        if self.shuffle:
-            order = torch.randperm(self.num_items, generator=generator).tolist()
-        else:
-            order = list(range(self.num_items))
+        order = torch.randperm(self.num_items, generator=generator).tolist()
         if self.lengths is not None and self.bucket_batch > 0:
             order = self._bucketed(order, generator)
         per_rank = -(-self.num_items // self.world_size)

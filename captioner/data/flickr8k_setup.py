@@ -50,6 +50,7 @@ SPLITS = ("train", "val", "test")
 KARPATHY = "dataset_flickr8k.json"
 COCO_CAPTIONS = "annotations/captions_{}.json"      # under ROOT, one per split
 RECORD = "flickr8k_setup.json"
+FIRST_RECIPE = "flickr8k_full_soft_lite2"     # the recipe the next commands train (the README's)
 CONFIG_ROOT = Path("data/flickr8k")     # the root the Flickr8k recipes name
 SETUP_VERSION = 2                       # in flickr8k_setup.json; bump when the outputs change
 SHOWN = 3                               # names shown of each kind skipped
@@ -494,8 +495,8 @@ def next_commands(root: str | Path, test: bool = True) -> list[str]:
     if root.resolve() != CONFIG_ROOT.resolve():
         overrides = " " + " ".join(shlex.quote(o) for o in (f"data.karpathy={root / KARPATHY}",
                                                              f"data.image_root={root}"))
-    checkpoint = "runs/flickr8k_full_soft/best.pt"
-    return [f"captioner train flickr8k_full_soft{overrides}",
+    checkpoint = f"runs/{FIRST_RECIPE}/best.pt"
+    return [f"captioner train {FIRST_RECIPE}{overrides}",
             f"captioner evaluate --checkpoint {checkpoint} --split {'test' if test else 'val'}",
             f"captioner caption my_photos/*.jpg --checkpoint {checkpoint}"]
 
@@ -551,6 +552,6 @@ def format_summary(result: dict) -> str:
                  "  nothing downloaded" + ("; everything was in place and verified" if result["outputs"] == "verified"
                                            else ""))
     train, evaluate, caption = next_commands(result["root"], test=counts["test"]["images"] > 0)
-    lines += ["next: train (it caches the VGG-19 features of every photo first), score, caption your own photos:",
+    lines += ["next: train (it caches the encoder's features of every photo first), score, caption your own photos:",
               f"  {train}", f"  {evaluate}", f"  {caption}"]
     return "\n".join(lines)

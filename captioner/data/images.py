@@ -28,7 +28,7 @@ import torch
 from PIL import ExifTags, Image, ImageFile, ImageOps, UnidentifiedImageError
 from torchvision.transforms import v2 as transforms
 
-from captioner.errors import ImageError
+from captioner.errors import ImageError, first_line
 
 DEFAULT_MAX_PIXELS = 64_000_000
 """Largest ``width * height`` :func:`load_image` accepts unless told otherwise (64 megapixels)."""
@@ -109,11 +109,11 @@ def _load(source, max_pixels: int, name: str | None, min_side: int | None) -> tu
             raise ImageError(f"{name}: permission denied") from None
         except _DECODE_ERRORS as error:
             raise ImageError(f"{name}: cannot decode the image data, the file is truncated or corrupt "
-                             f"({_one_line(error)})") from None
+                             f"({first_line(error)})") from None
     try:
         rgb = to_rgb(oriented)
     except ValueError as error:
-        raise ImageError(f"{name}: cannot convert a mode {oriented.mode} image to RGB ({_one_line(error)})") from None
+        raise ImageError(f"{name}: cannot convert a mode {oriented.mode} image to RGB ({first_line(error)})") from None
     return rgb, ((height, width) if orientation in _SWAPPING_ORIENTATIONS else (width, height))
 
 
@@ -236,11 +236,6 @@ def _strict_pil_settings(max_pixels: int) -> Iterator[None]:
             yield
         finally:
             Image.MAX_IMAGE_PIXELS, ImageFile.LOAD_TRUNCATED_IMAGES = saved_limit, saved_truncated
-
-
-def _one_line(error: BaseException) -> str:
-    """``str(error)`` with runs of whitespace (newlines included) collapsed to single spaces."""
-    return " ".join(str(error).split()) or type(error).__name__
 
 
 TO_FLOAT = transforms.ToDtype(torch.float32, scale=True)

@@ -160,22 +160,12 @@ def _tally(generated: Mapping[int, str], objects: Mapping[int, list[dict]]) -> _
     return tally
 
 
-def object_precision(generated: Mapping[int, str], objects: Mapping[int, list[dict]]) -> float:
-    """Fraction of object mentions in ``generated`` (``{image_id: caption}``) whose colour and shape are
-    in that image (``objects`` as from :func:`shapes_objects`); 0.0 when nothing is named at all."""
-    return _tally(generated, objects).object_precision
-
-
-def relation_accuracy(generated: Mapping[int, str], objects: Mapping[int, list[dict]]) -> float | None:
-    """Fraction of gradable stated relations (both mentions name objects in the image) that are true;
-    None when no relation is gradable."""
-    return _tally(generated, objects).relation_accuracy
-
-
 def shapes_scores(generated: Mapping[int, str], objects: Mapping[int, list[dict]]) -> dict:
-    """Both measures and their counts in one pass: ``{"object_precision", "relation_accuracy",
-    "relations_graded", "mentions"}``, with the conventions of :func:`object_precision` and
-    :func:`relation_accuracy`."""
+    """Both measures of ``generated`` (``{image_id: caption}``) against ``objects`` (as from
+    :func:`shapes_objects`), and their counts, in one pass: ``{"object_precision", "relation_accuracy",
+    "relations_graded", "mentions"}``. Object precision is the fraction of object mentions whose colour and shape
+    are in that image (0.0 when nothing is named at all); relation accuracy the fraction of gradable stated
+    relations (both mentions name objects in the image) that are true (None when no relation is gradable)."""
     tally = _tally(generated, objects)
     return {"object_precision": tally.object_precision, "relation_accuracy": tally.relation_accuracy,
             "relations_graded": tally.relations_graded, "mentions": tally.mentions}

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from captioner.errors import CaptionerError
+from captioner.errors import CaptionerError, first_line
 from captioner.models.captioner import Captioner
 from captioner.models.encoder import Encoder
 
@@ -89,7 +89,7 @@ def _export(module: nn.Module, args: tuple, path: Path, input_names: list[str], 
             torch.onnx.export(module, args, str(path), dynamo=True, input_names=input_names, output_names=output_names,
                               dynamic_shapes=dynamic_shapes, external_data=False, verbose=False)
         except Exception as err:     # the exporter's own errors are many and long: the first line says which
-            raise CaptionerError(f"{path.name}: ONNX export failed ({str(err).strip().splitlines()[0]})") from None
+            raise CaptionerError(f"{path.name}: ONNX export failed ({first_line(err)})") from None
         finally:
             for logger, level in zip(chatty, levels):
                 logger.setLevel(level)
@@ -159,7 +159,7 @@ def _session(path: Path):
     try:
         return onnxruntime.InferenceSession(str(path), options, providers=providers)
     except Exception as err:      # onnxruntime raises its own Fail/InvalidGraph/... types
-        raise CaptionerError(f"{path}: not a loadable ONNX graph ({str(err).strip().splitlines()[0]})") from None
+        raise CaptionerError(f"{path}: not a loadable ONNX graph ({first_line(err)})") from None
 
 
 def _array(tensor: torch.Tensor):

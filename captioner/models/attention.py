@@ -11,7 +11,7 @@ Xu et al. (2015) §3.1.2: ``e_ti = f_att(a_i, h_{t-1})`` (eq. 4) and ``alpha_t =
 ``none``        ``0`` for every region (alpha = uniform)       ablation: context = mean
 ==============  =============================================  ==========================
 
-``alpha = softmax(e)`` over the valid regions. The additive score's ``f`` is ``tanh`` (the paper's code) or
+``alpha = softmax(e)`` over the regions. The additive score's ``f`` is ``tanh`` (the paper's code) or
 ``relu`` (the popular PyTorch tutorial's). The region side (``W_a a_i``) depends only on the image:
 :meth:`RegionAttention.project_regions` computes it once per image.
 """
@@ -89,14 +89,11 @@ class RegionAttention(nn.Module):
         return torch.bmm(q, keys.transpose(1, 2)).reshape(rows, num_regions) * self.scale
 
     def forward(self, keys: torch.Tensor | None, query: torch.Tensor, num_regions: int,
-                mask: torch.Tensor | None = None, projected_query: torch.Tensor | None = None) -> torch.Tensor:
+                projected_query: torch.Tensor | None = None) -> torch.Tensor:
         """Attention weights ``alpha`` (N, L) of N = B * k queries over B images' regions (see :meth:`scores`),
-        summing to 1 over valid regions. ``mask`` (N, L) bool marks valid regions; masked regions get exactly
-        zero weight. ``projected_query``: see :meth:`scores`.
+        summing to 1 over the regions. ``projected_query``: see :meth:`scores`.
         """
         scores = self.scores(keys, query, num_regions, projected_query)          # e_t, eq. 4
         if self.log_sharpness is not None:
             scores = scores * self.log_sharpness.exp()
-        if mask is not None:
-            scores = scores.masked_fill(~mask, float("-inf"))
         return torch.softmax(widened(scores), dim=-1).to(query.dtype)            # alpha_t, eq. 5

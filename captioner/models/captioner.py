@@ -27,7 +27,7 @@ class DecoderEntry:
     """A registered decoder: its class (see :class:`captioner.models.decoder.CaptionDecoder`); its config dataclass,
     whose fields declared with :func:`captioner.core.settings.setting` are the settings ``model.<name>.*`` (default,
     meaning, type, bounds) and whose :data:`DECODER_DATA_FIELDS` are filled from the data and the encoder; the
-    names of its methods that ``train.compile`` compiles on a CPU (the work repeated at every word); a label for
+    names of its methods that ``train.compile`` compiles (the work repeated at every word); a label for
     people; and how it attends, in words, given its settings."""
 
     decoder: type[nn.Module]

@@ -14,7 +14,8 @@ A decoder is an ``nn.Module`` with
 * ``samples_locations``: whether it samples one region per word in training (stochastic hard attention,
   :class:`captioner.objectives.losses.HardAttentionLoss`).
 
-:class:`CaptionDecoder` states it as a ``typing.Protocol``; ``isinstance`` checks it at run time.
+:class:`CaptionDecoder` states it as a ``typing.Protocol`` (run-time checkable: the architecture tests check the
+registered decoders against it).
 """
 
 from __future__ import annotations

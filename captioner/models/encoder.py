@@ -35,7 +35,7 @@ from torch.nn.utils.fusion import fuse_conv_bn_eval
 from torchvision.transforms import InterpolationMode
 
 from captioner.core.settings import check_settings, setting
-from captioner.errors import CaptionerError
+from captioner.errors import CaptionerError, first_line
 
 STRIDES = (16, 32)
 
@@ -127,17 +127,12 @@ def _read_state_dict(path: Path) -> dict[str, Tensor]:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:
-        raise CaptionerError(f"{path}: not a PyTorch weights file ({_one_line(error)})") from None
+        raise CaptionerError(f"{path}: not a PyTorch weights file ({first_line(error, typed=True)})") from None
     if not (isinstance(state, Mapping) and state
             and all(isinstance(k, str) and isinstance(v, Tensor) for k, v in state.items())):
         found = f"a dict with keys {list(state)[:4]}" if isinstance(state, Mapping) else type(state).__name__
         raise CaptionerError(f"{path}: not a state dict (a dict of name -> tensor); found {found}")
     return dict(state)
-
-
-def _one_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
 
 
 def _load_into(model: nn.Module, state: Mapping[str, Tensor], name: str, source: str,
@@ -216,7 +211,7 @@ def _load_pretrained(model: nn.Module, name: str, weights: str | None) -> tuple[
         state = _download_torchvision(backbone.torchvision_name)
     except Exception as error:
         raise CaptionerError(f"no pretrained weights found for {name!r}: {hint}, or set encoder.pretrained=false; "
-                             f"torchvision download failed: {_one_line(error)}") from None
+                             f"torchvision download failed: {first_line(error, typed=True)}") from None
     return backbone.preprocessing, _load_into(model, state, name, "torchvision weights", backbone)
 
 

@@ -136,7 +136,8 @@ training each piece is recomputed in the backward pass instead of kept, so memor
 
 
 class LSTMDecoder(nn.Module):
-    """Soft-attention LSTM decoder with the paper's gating, initial state and deep output."""
+    """The paper's LSTM decoder (its gating, initial state and deep output) with soft, hard, marginal or variational
+    attention (``attention_mode``)."""
 
     fixed_state = ("regions", "keys")   # decode state that depends on the image alone (never reordered)
 
@@ -202,8 +203,8 @@ class LSTMDecoder(nn.Module):
 
         Soft and marginal: ``z_t = beta * sum_i alpha_ti a_i`` (marginal: with ``gate``, beta (N, 1 | D'), among
         the terms, which the mixture reads). Hard: ``z_t = beta * a_{s_t}``, ``s_t`` sampled (training,
-        ``hard_decode=sample``) or the argmax, with terms ``chosen`` (B, L), ``log_prob_location``, ``entropy``
-        (B,); ``expectation_rows`` (B,) or ``hard_decode=expectation`` use ``alpha_t`` instead.
+        ``hard_decode=sample``) or the argmax, with terms ``chosen`` (N, L), ``log_prob_location``, ``entropy``
+        (N,); ``expectation_rows`` (N,) or ``hard_decode=expectation`` use ``alpha_t`` instead.
         """
         alpha = self.attention(keys, h, regions.shape[1], projected_query=query)      # eq. 4, 5
         location_info: dict[str, torch.Tensor] = {}
@@ -465,7 +466,7 @@ class LSTMDecoder(nn.Module):
     def recurrent_step(self, regions, keys, h, c, carrier, hidden_weight, context_weight, expectation_rows=None):
         """One teacher-forced word for the running rows: the maps of ``h_{t-1}`` in one product onto the step's
         pre-activations ``carrier``, attention, gated context, the gates' context part and the LSTM cell; the
-        unit that ``train.compile`` compiles (:func:`captioner.training.engine.compile_decoder`)."""
+        unit that ``train.compile`` compiles (:func:`captioner.models.captioner.compile_decoder`)."""
         terms = torch.addmm(carrier, h, hidden_weight)                 # (n, 4H [+ A] [+ G]): the maps of h_{t-1}
         sizes = [4 * self.config.hidden_dim] + [m.weight.shape[0] for m in self.hidden_maps()]
         gates, *rest = terms.split(sizes, dim=1)

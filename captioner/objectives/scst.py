@@ -27,6 +27,7 @@ from captioner.core.floats import widened
 from captioner.data.text import tokenize
 from captioner.data.vocabulary import Vocabulary
 from captioner.decoding.search import TokenRules, sample_captions
+from captioner.objectives.losses import caption_baseline
 from captioner.objectives.rewards import cached_cider, sentence_bleu4
 
 RewardFunction = Callable[[list[list[str]], list[int], list[bool]], np.ndarray]
@@ -68,9 +69,9 @@ def metric_reward(references: dict[int, list[str]], cache_folder, *, count_end: 
 
 
 def mean_of_others(rewards: torch.Tensor, samples: int) -> torch.Tensor:
-    """Per sample, the mean reward of the other ``samples - 1`` samples of its image; ``rewards`` (B * k,)."""
-    grouped = rewards.view(-1, samples)
-    return ((grouped.sum(dim=1, keepdim=True) - grouped) / (samples - 1)).view(-1)
+    """Per sample, the mean reward of the other ``samples - 1`` samples of its image; ``rewards`` (B * k,), each
+    image's k = ``samples`` adjacent (hard attention's caption baseline, with k rows per image)."""
+    return caption_baseline(rewards, torch.full((len(rewards) // samples,), samples, device=rewards.device))
 
 
 def policy_loss(advantage: torch.Tensor, log_probs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -258,6 +258,24 @@ def recipe_times(result: dict) -> list[str]:
     return lines
 
 
+def recipe_epochs(result: dict) -> list[str]:
+    """Shipped Flickr8k recipes' epochs over stand-in data at the full Flickr8k's sizes
+    (``benchmarks/bench_recipe_epochs.py``): the last timed epoch of each kind (training and validation), the run's
+    other time, and the recipe's time projected for its most epochs of each kind."""
+    lines = header("recipe", "device", "precision", "cross-entropy epoch min", "SCST epoch min", "other min",
+                   "projected epochs (XE + SCST)", "projected min")
+    for entry in result["entries"].values():
+        machine = entry["machine"]
+        device = (entry["device"] if entry["device"] != "cpu" else
+                  f"{cpu_name(machine)}, {machine['cores']} cores, {entry['threads']} torch threads")
+        last = {kind: epochs[-1]["train_s"] + epochs[-1]["val_s"] for kind, epochs in entry["epochs"].items()}
+        lines.append(row(f"`{entry['recipe']}`", device, "bf16" if entry["precision"] else "float32",
+                         number(last["xe"] / 60, 1), number(last["scst"] / 60, 1) if "scst" in last else "–",
+                         number(entry["other_s"] / 60, 1), " + ".join(map(str, entry["projected_epochs"])),
+                         number(entry["projected_min"], 0)))
+    return lines
+
+
 def recipe_speed(result: dict) -> list[str]:
     """Training steps of shipped recipes' decoders, alternated in one run (``benchmarks/bench_recipes.py``): each
     recipe's regions, target words/s and its ratio to the first recipe's (median of the rounds, with their range)."""
@@ -281,21 +299,29 @@ def duration(seconds: float) -> str:
     return f"{seconds / 60:.0f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
 
 
+ENCODER_NAMES = {"vgg19": "VGG-19", "efficientnet_lite2": "EfficientNet-Lite2"}
+"""Encoders as the tables name them, by ``encoder.name``."""
+
+
 def own_photos(result: dict) -> list[str]:
     """The README's "Your own photos" commands, each timed in a fresh folder (``scripts/own_photos_time.py``): the
-    training as the time of one epoch and of the recipe's own epochs at that pace."""
+    training as the time of one epoch and of the recipe's own epochs at that pace (at most, where early stopping
+    may end it sooner)."""
     counts, epoch = result["photos"], result["epoch_seconds"]
+    encoder = result.get("encoder", "vgg19")
     photos = ", ".join(f"{c['images']:,} {split}" for split, c in counts.items() if c["images"])
     train = f"`train {result['recipe']}`"
     lines = header("step", "captioner ...", "time")
     lines.append(row(f"the photos ({photos}), their captions and the split, from files at hand (`--from`; without "
                      "it, the download comes first)", "`data flickr8k`", duration(result["prepare_seconds"])))
-    lines.append(row(f"VGG-19 features of the {result['cached_images']:,} photos, cached once", f"{train}, first",
+    lines.append(row(f"{ENCODER_NAMES.get(encoder, encoder)} features of the {result['cached_images']:,} photos, "
+                     "cached once", f"{train}, first",
                      duration(result["cache_seconds"])))
     lines.append(row(f"one training epoch ({counts['train']['images']:,} photos, "
                      f"{'bf16' if result['precision'] else 'float32'}) and its validation", f"{train}, then",
                      duration(epoch)))
-    lines.append(row(f"the recipe's {result['recipe_epochs']} epochs at that pace", train,
+    most = "at most " if result.get("early_stopping") else ""
+    lines.append(row(f"the recipe's {most}{result['recipe_epochs']} epochs at that pace", train,
                      duration(epoch * result["recipe_epochs"])))
     lines.append(row(f"scoring the {result['score_images']:,} {result['score_split']} photos",
                      f"`evaluate --split {result['score_split']}`", duration(result["score_seconds"])))
@@ -403,4 +429,4 @@ TABLES: dict[str, Callable[[dict], list[str]]] = {
     "recipe_times": recipe_times, "flickr8k_ensembles": flickr8k_ensembles, "own_photos": own_photos,
     "scst_diagnosis": scst_diagnosis, "scst_diagnosis_full": scst_diagnosis, "cuda_check": cuda_check,
     "marginal_attention": marginal_attention, "flickr8k_trials": flickr8k_trials,
-    "recipe_speed": recipe_speed}
+    "recipe_speed": recipe_speed, "recipe_epochs": recipe_epochs}

@@ -1,7 +1,7 @@
 """Dynamic batching: requests that arrive together are decoded together.
 
 One worker thread runs the handler. It takes the oldest queued job, then more until it holds ``max_batch`` of
-them, ``max_wait`` seconds have passed since that oldest job was submitted, or no job is queued and none is on
+them, ``max_wait_s`` seconds have passed since that oldest job was submitted, or no job is queued and none is on
 its way (a request announces itself on arrival, :meth:`DynamicBatcher.arrival`, so a lone request is decoded at
 once). The jobs are grouped by key (checkpoint and beam size; different keys are never decoded together) and
 each group is one call of ``handler(key, items)``, which returns one result per item, in order; every job's

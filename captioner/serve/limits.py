@@ -32,8 +32,8 @@ DECODE_BUDGET = 2**30
 """Bytes that the images being decoded may take at once (an image that alone may take more decodes alone)."""
 BYTES_PER_PIXEL = {"WEBP": 16}
 """Most memory a format's decoding takes per pixel (its decoder's buffers, the decoded image, a widened
-copy of a palette or 16-bit image before it is reduced); other formats: :data:`DEFAULT_BYTES_PER_PIXEL`.
-Measured at 60 megapixels: PNG 3.9 (RGB) to 7.6 (RGBA) bytes, progressive JPEG 5.8, WebP 15.3."""
+copy of a palette or 16-bit image before it is reduced); other formats: :data:`DEFAULT_BYTES_PER_PIXEL`. Each
+bounds what its decoder was measured to take per pixel (the CHANGELOG)."""
 DEFAULT_BYTES_PER_PIXEL = 8
 METADATA_BYTES = PngImagePlugin.MAX_TEXT_MEMORY
 """Most memory an image's metadata takes beside the file's own bytes: PIL's limit on a PNG's decompressed text."""
