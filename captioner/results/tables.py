@@ -258,24 +258,6 @@ def recipe_times(result: dict) -> list[str]:
     return lines
 
 
-def recipe_epochs(result: dict) -> list[str]:
-    """Shipped Flickr8k recipes' epochs over stand-in data at the full Flickr8k's sizes
-    (``benchmarks/bench_recipe_epochs.py``): the last timed epoch of each kind (training and validation), the run's
-    other time, and the recipe's time projected for its most epochs of each kind."""
-    lines = header("recipe", "device", "precision", "cross-entropy epoch min", "SCST epoch min", "other min",
-                   "projected epochs (XE + SCST)", "projected min")
-    for entry in result["entries"].values():
-        machine = entry["machine"]
-        device = (entry["device"] if entry["device"] != "cpu" else
-                  f"{cpu_name(machine)}, {machine['cores']} cores, {entry['threads']} torch threads")
-        last = {kind: epochs[-1]["train_s"] + epochs[-1]["val_s"] for kind, epochs in entry["epochs"].items()}
-        lines.append(row(f"`{entry['recipe']}`", device, "bf16" if entry["precision"] else "float32",
-                         number(last["xe"] / 60, 1), number(last["scst"] / 60, 1) if "scst" in last else "–",
-                         number(entry["other_s"] / 60, 1), " + ".join(map(str, entry["projected_epochs"])),
-                         number(entry["projected_min"], 0)))
-    return lines
-
-
 def recipe_speed(result: dict) -> list[str]:
     """Training steps of shipped recipes' decoders, alternated in one run (``benchmarks/bench_recipes.py``): each
     recipe's regions, target words/s and its ratio to the first recipe's (median of the rounds, with their range)."""
@@ -429,4 +411,4 @@ TABLES: dict[str, Callable[[dict], list[str]]] = {
     "recipe_times": recipe_times, "flickr8k_ensembles": flickr8k_ensembles, "own_photos": own_photos,
     "scst_diagnosis": scst_diagnosis, "scst_diagnosis_full": scst_diagnosis, "cuda_check": cuda_check,
     "marginal_attention": marginal_attention, "flickr8k_trials": flickr8k_trials,
-    "recipe_speed": recipe_speed, "recipe_epochs": recipe_epochs}
+    "recipe_speed": recipe_speed}
