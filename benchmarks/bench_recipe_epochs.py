@@ -121,7 +121,7 @@ def main() -> None:
         wall = time.perf_counter() - started
         times = epoch_times(folder / "run", xe_epochs if scst else None)
         last = load_checkpoint(folder / "run" / "last.pt")
-        vocab, amp = len(Vocabulary.from_dict(last["vocab"])), last["progress"].get("amp")
+        vocab, amp = len(Vocabulary.from_dict(last["vocab"])), last["progress"].get("precision")
     epochs_s = sum(e["train_s"] + e["val_s"] for kind in times.values() for e in kind)
     per_epoch = {kind: e[-1]["train_s"] + e[-1]["val_s"] for kind, e in times.items()}
     other = max(wall - epochs_s, 0.0)        # outside the epochs: set-up, checkpoints, the switch to SCST

@@ -197,7 +197,8 @@ def run_variant(name: str, seed: int, epochs: int | None, reuse: bool = False) -
     row = {"variant": name, "seed": seed, "epochs": epochs, "run": out.name, "description": description, "overrides": overrides,
            "train_seconds": round(seconds, 1), "best_epoch_metric": result["best"],
            "val": {k: val.get(k) for k in ("BLEU-1", "BLEU-4", "METEOR", "CIDEr")}, "val_attention": val.get("attention"),
-           "val_diversity": val.get("diversity"), "precision": torch.load(out / "last.pt", weights_only=True)["progress"]["amp"],
+           "val_diversity": val.get("diversity"),
+           "precision": torch.load(out / "last.pt", weights_only=True)["progress"]["precision"],
            "coco_mini": {k: coco.get(k) for k in ("BLEU-4", "CIDEr")}, "coco_mini_attention": coco.get("attention"),
            "coco_mini_grounding": coco.get("grounding"), "coco_mini_reference_grounding": references}
     with (OUT / "results.jsonl").open("a") as handle:

@@ -152,7 +152,7 @@ def run(kind: str, seed: int, ablation: bool, extra: list[str], resume: bool = F
               "overrides": overrides[:-1 - len(extra)] + extra if extra else overrides[:-1],
               "epochs": trained["epochs"], "best_val_metric": {config.train.metric: round(trained["best"], 4)},
               "val_curve": validation_curve(out),
-              "precision": progress.get("amp"),
+              "precision": progress.get("precision"),
               # resumed: the wall time of all its parts (as the checkpoint keeps it); the CPU time of the last is no sum
               "train_seconds": round(trained["train_seconds"] if resume else seconds, 1),
               "train_cpu_seconds": None if resume else round(cpu_seconds, 1), "resumed": resume,

@@ -75,7 +75,7 @@ def run_steps(source: Path, photos: list[Path], folder: Path, epochs: int) -> di
     config = load_config(recipes()[RECIPE])
     return {"recipe": RECIPE, "encoder": config.encoder.name, "epochs": epochs, "recipe_epochs": config.train.epochs,
             "early_stopping": bool(config.train.early_stopping),
-            "precision": progress.get("amp"), "photos": counts,
+            "precision": progress.get("precision"), "photos": counts,
             "exit": [step["exit"] for step in steps],
             "prepare_seconds": prepare["seconds"],
             "cache_seconds": round(train["seconds"] - progress["train_seconds"], 1), "cached_images": cached,

@@ -60,7 +60,7 @@ def time_recipe(name: str, overrides: list[str]) -> dict:
     progress = torch.load(Path(trained["checkpoint"]).with_name("last.pt"), weights_only=True,
                           map_location="cpu")["progress"]
     return {"recipe": name, "device": device_name(), "overrides": overrides, "epochs": trained["epochs"],
-            "precision": progress.get("amp"), "load_before": load_before,
+            "precision": progress.get("precision"), "load_before": load_before,
             "train_seconds": round(train_seconds, 1), "score_seconds": round(score_seconds, 1),
             "validation_images": val["images"], "val_cider": round(val["CIDEr"], 4)}
 

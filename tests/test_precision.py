@@ -90,6 +90,14 @@ def test_false_and_cuda_are_decided_without_measuring(monkeypatch, model_and_los
     assert not calls
 
 
+def test_a_precision_is_named_by_what_autocast_computes_in_on_its_device(monkeypatch):
+    assert precision.precision_name(False, torch.device("cpu")) == "float32"
+    assert precision.precision_name(True, torch.device("cpu")) == "bf16"
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: False)     # a V100, a T4
+    assert precision.precision_name(True, torch.device("cuda")) == "fp16"
+    assert precision.precision_name(False, torch.device("cuda")) == "float32"
+
+
 def test_the_probe_leaves_weights_loss_state_and_random_streams_as_they_were(model_and_loss):
     model, loss = model_and_loss
     model.eval()
@@ -109,7 +117,8 @@ def test_a_run_states_its_decision_and_a_resumed_run_keeps_it(monkeypatch, tmp_p
     with caplog.at_level(logging.INFO, logger="captioner.training.engine"):
         train(config)
     assert "precision: bf16 autocast (train.amp=auto: a bf16 training step took 0.50x" in caplog.text
-    assert load_checkpoint(tmp_path / "run" / "last.pt")["progress"]["amp"] is True
+    progress = load_checkpoint(tmp_path / "run" / "last.pt")["progress"]
+    assert progress["amp"] is True and progress["precision"] == "bf16"     # what the results tables print
     calls = fake_probe(monkeypatch, 3.0)          # the machine's answer changed: the run keeps its precision
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="captioner.training.engine"):

@@ -187,20 +187,40 @@ def test_recipe_times_names_the_cpu_with_its_widest_vectors_and_threads_and_a_gp
     from captioner.results.tables import recipe_times
 
     machine = {"cpu": "Some CPU", "cores": 2, "threads": 2}
-    timed = {"recipe": "flickr8k_full_soft", "precision": True, "epochs": 12, "train_seconds": 1560.0,
+    timed = {"recipe": "flickr8k_full_soft", "precision": "bf16", "epochs": 12, "train_seconds": 1560.0,
              "score_seconds": 15.0, "load_before": [0.1, 0.2, 0.3], "val_cider": 0.468}
     lines = recipe_times({"entries": {
         "on cpu": {**timed, "device": "cpu", "machine": machine},
-        "on gpu": {**timed, "device": "NVIDIA H100", "precision": False, "train_seconds": 120.0, "machine": machine}}})
+        "on gpu": {**timed, "device": "NVIDIA V100", "precision": "fp16", "train_seconds": 120.0, "machine": machine}}})
     assert lines[2] == ("| `flickr8k_full_soft` | Some CPU, 2 cores, 2 torch threads | bf16 | 12 | 26.0 | 0.2 | 26.2 "
                         "| 0.10 | 0.468 |")
-    assert lines[3].startswith("| `flickr8k_full_soft` | NVIDIA H100 | float32 | 12 | 2.0 | 0.2 | 2.2 |")
+    assert lines[3].startswith("| `flickr8k_full_soft` | NVIDIA V100 | fp16 | 12 | 2.0 | 0.2 | 2.2 |")
     flagged = {**machine, "cpu_flags": ["avx", "avx2", "fma", "avx512f", "avx512_bf16"]}
     lines = recipe_times({"entries": {"on cpu": {**timed, "device": "cpu", "machine": flagged}}})
     assert "| Some CPU (avx512_bf16), 2 cores, 2 torch threads |" in lines[2]           # native bf16 or not
     flagged["cpu_flags"] = ["avx", "avx2", "fma"]
     lines = recipe_times({"entries": {"on cpu": {**timed, "device": "cpu", "machine": flagged}}})
     assert "| Some CPU (avx2), 2 cores, 2 torch threads |" in lines[2]
+
+
+def test_own_photos_names_the_encoder_the_precision_and_says_at_most_where_early_stopping_may_end_sooner():
+    from captioner.results.tables import own_photos
+
+    counts = {"train": {"images": 6000}, "val": {"images": 1000}, "test": {"images": 0}}
+    timed = {"recipe": "flickr8k_full_soft_lite2", "encoder": "efficientnet_lite2", "recipe_epochs": 8,
+             "early_stopping": True, "precision": "float32", "photos": counts, "prepare_seconds": 3.1,
+             "cache_seconds": 335.4, "cached_images": 7000, "epoch_seconds": 372.1, "score_split": "val",
+             "score_images": 1000, "score_seconds": 33.3, "caption_seconds": 7.5, "captioned_images": 5}
+    text = "\n".join(own_photos(timed))
+    assert "| EfficientNet-Lite2 features of the 7,000 photos, cached once | `train flickr8k_full_soft_lite2`, first" \
+           " | 5.6 min |" in text
+    assert "one training epoch (6,000 photos, float32) and its validation" in text
+    assert "(6,000 train, 1,000 val)" in text
+    assert "| the recipe's at most 8 epochs at that pace | `train flickr8k_full_soft_lite2` | 50 min |" in text
+    text = "\n".join(own_photos({**timed, "recipe": "flickr8k_full_soft", "encoder": "vgg19", "recipe_epochs": 12,
+                                 "early_stopping": False, "precision": "bf16", "epoch_seconds": 130.0}))
+    assert "| VGG-19 features" in text and "(6,000 photos, bf16)" in text
+    assert "| the recipe's 12 epochs at that pace | `train flickr8k_full_soft` | 26 min |" in text
 
 
 def test_the_transformer_words_recipe_is_probed_untied_as_its_run_trains():

@@ -251,7 +251,7 @@ def recipe_times(result: dict) -> list[str]:
         machine = entry["machine"]
         device = (entry["device"] if entry["device"] != "cpu" else
                   f"{cpu_name(machine)}, {machine['cores']} cores, {machine['threads']} torch threads")
-        lines.append(row(f"`{entry['recipe']}`", device, "bf16" if entry["precision"] else "float32", entry["epochs"],
+        lines.append(row(f"`{entry['recipe']}`", device, entry["precision"], entry["epochs"],
                          number(entry["train_seconds"] / 60, 1), number(entry["score_seconds"] / 60, 1),
                          number((entry["train_seconds"] + entry["score_seconds"]) / 60, 1),
                          number(entry["load_before"][0], 2), number(entry["val_cider"])))
@@ -290,7 +290,7 @@ def own_photos(result: dict) -> list[str]:
     training as the time of one epoch and of the recipe's own epochs at that pace (at most, where early stopping
     may end it sooner)."""
     counts, epoch = result["photos"], result["epoch_seconds"]
-    encoder = result.get("encoder", "vgg19")
+    encoder = result["encoder"]
     photos = ", ".join(f"{c['images']:,} {split}" for split, c in counts.items() if c["images"])
     train = f"`train {result['recipe']}`"
     lines = header("step", "captioner ...", "time")
@@ -300,9 +300,9 @@ def own_photos(result: dict) -> list[str]:
                      "cached once", f"{train}, first",
                      duration(result["cache_seconds"])))
     lines.append(row(f"one training epoch ({counts['train']['images']:,} photos, "
-                     f"{'bf16' if result['precision'] else 'float32'}) and its validation", f"{train}, then",
+                     f"{result['precision']}) and its validation", f"{train}, then",
                      duration(epoch)))
-    most = "at most " if result.get("early_stopping") else ""
+    most = "at most " if result["early_stopping"] else ""
     lines.append(row(f"the recipe's {most}{result['recipe_epochs']} epochs at that pace", train,
                      duration(epoch * result["recipe_epochs"])))
     lines.append(row(f"scoring the {result['score_images']:,} {result['score_split']} photos",

@@ -58,7 +58,7 @@ from captioner.training.distributed import (
     teardown,
 )
 from captioner.training.features import cache_features
-from captioner.training.precision import Precision, amp_dtype, autocast, choose_precision
+from captioner.training.precision import Precision, amp_dtype, autocast, choose_precision, precision_name
 from captioner.training.run_io import GracefulStop, MetricsLogger
 from captioner.version import __version__
 
@@ -79,6 +79,7 @@ class TrainState:
     words_per_s: float | None = None
     epoch_seconds: float | None = None  # the current or last epoch's training time so far, validation apart
     amp: bool | None = None         # train.amp as decided when the run started (None: not yet)
+    precision: str | None = None    # what that means on the run's device: float32, bf16 or fp16 (None: not yet)
     scst_from: int | None = None    # the epoch (from 0) self-critical training began at (None: not yet)
     train_images: int = 0           # the training split's images and captions (what a model card states)
     train_captions: int = 0
@@ -419,12 +420,14 @@ def decide_precision(run: Run, state: TrainState) -> Precision:
     """``train.amp`` decided once per run (:func:`~captioner.training.precision.choose_precision`) and recorded in
     ``state``: a resumed run keeps the decision it started with; under torchrun every rank takes rank 0's."""
     if state.amp is not None:
+        state.precision = precision_name(state.amp, run.device)
         return Precision(state.amp, "as decided when the run started")
     choice = None
     if run.world.is_main:
         choice = choose_precision(run.config.train.amp, run.model, run.loss, len(run.vocab), run.rank_batch,
                                   run.device)
     state.amp = all_sum([float(choice.amp) if choice else 0.0], run.world, run.device)[0] > 0
+    state.precision = precision_name(state.amp, run.device)
     return choice or Precision(state.amp, "rank 0's decision")
 
 

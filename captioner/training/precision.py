@@ -42,6 +42,14 @@ def amp_dtype(device: torch.device) -> torch.dtype:
     return torch.bfloat16
 
 
+def precision_name(amp: bool, device: torch.device) -> str:
+    """What a run with mixed precision ``amp`` on ``device`` computes its matrix products in: ``float32``, ``bf16``
+    or ``fp16`` (:func:`amp_dtype`)."""
+    if not amp:
+        return "float32"
+    return "fp16" if amp_dtype(device) == torch.float16 else "bf16"
+
+
 def autocast(device: torch.device, enabled: bool):
     """Mixed precision in :func:`amp_dtype` (fp16 with a gradient scaler). Matrix products run in the low
     precision; softmax, log-softmax and the losses stay float32 (autocast's lists, and the decoders and losses

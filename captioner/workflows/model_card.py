@@ -130,7 +130,7 @@ def _training(config: Config, progress: dict, data: dict) -> list[str]:
             "doubly stochastic λ": f"{loss.doubly_stochastic} (per {loss.doubly_stochastic_scale})",
             "label smoothing": loss.label_smoothing,
             f"best validation {train.metric}": _number(progress.get("best")),
-            "precision": {True: "bf16/fp16 autocast", False: "float32"}.get(progress.get("amp"), "-"),
+            "precision": progress.get("precision") or "-",
             "training time": f"{progress['train_seconds'] / 60:.1f} min" if progress.get("train_seconds") else "-",
             "decoder settings": ", ".join(f"{k} {getattr(settings, k)}" for k in settings_of(type(settings)))}
     lines += [f"| {key} | {_number(value)} |" for key, value in rows.items()]
