@@ -88,11 +88,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from captioner.core.console import LOG_FORMAT
-    from captioner.core.floats import flush_denormals
-    from captioner.core.memory import keep_freed_memory
+    from captioner.core.process import set_up_process
 
-    flush_denormals()     # before any torch work, so that torch's worker threads inherit it (see its docstring)
-    keep_freed_memory()   # decoding in a fresh process as fast as in a warmed-up one (see its docstring)
+    set_up_process()      # before any torch work, so that torch's worker threads inherit it (see its docstring)
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
     try:
         code = args.func(args)

@@ -258,11 +258,16 @@ def _onnx_model(path: Path, model: Captioner, payload: dict) -> Captioner:
     return onnx_captioner(path, payload["export"], model)
 
 
-def caption_json(result: CaptionResult, digits: int = 5) -> dict:
+ATTENTION_DECIMALS = 6
+"""Attention weights in JSON (``captioner caption --json``, ``captioner serve``) are rounded to this many decimals: a
+third of the bytes of a float's full repr to write, send and parse, and far finer than any display."""
+
+
+def caption_json(result: CaptionResult) -> dict:
     """One captioned file as plain data: the caption, its words and log-probability, each word's attention
-    maps as ``gh x gw`` nested lists (``"alpha"``; ``"chosen"`` for hard attention), and, with ``decode.n_best``
-    above 1, the n best captions."""
-    maps = {name: [[[round(v, digits) for v in row] for row in word] for word in words.tolist()]
+    maps as ``gh x gw`` nested lists (``"alpha"``; ``"chosen"`` for hard attention) rounded to
+    :data:`ATTENTION_DECIMALS`, and, with ``decode.n_best`` above 1, the n best captions."""
+    maps = {name: [[[round(v, ATTENTION_DECIMALS) for v in row] for row in word] for word in words.tolist()]
             for name, words in result.attention.items()}
     beams = result.beams if result.generation.beams else []
     return {"image": str(result.path), "caption": result.caption, "words": result.words,

@@ -44,6 +44,7 @@ from coco_mini import COCO_MINI, coco_mini_features, coco_mini_overrides
 
 from captioner.config import load_config, recipes
 from captioner.core.console import LOG_FORMAT
+from captioner.core.process import set_up_process
 from captioner.training.engine import train
 from captioner.workflows.evaluate import evaluate_checkpoint
 from captioner.workflows.ground import ground_checkpoint
@@ -376,4 +377,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    set_up_process()    # as every captioner command: its times are those of captioner train
     main()

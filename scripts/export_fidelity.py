@@ -17,6 +17,7 @@ import tempfile
 from pathlib import Path
 
 from captioner import Predictor
+from captioner.core.process import set_up_process
 from captioner.evaluation.caption_metrics import score_captions
 from captioner.evaluation.generate import caption_texts
 from captioner.workflows.evaluate import split_dataset
@@ -70,4 +71,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    set_up_process()    # as every captioner command: its times are those of captioner train
     main()

@@ -17,6 +17,7 @@ import json
 from pathlib import Path
 
 from captioner.config import load_config
+from captioner.core.process import set_up_process
 from captioner.training.engine import train
 from captioner.workflows.evaluate import evaluate_checkpoint
 
@@ -58,4 +59,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    set_up_process()    # as every captioner command: its times are those of captioner train
     main()

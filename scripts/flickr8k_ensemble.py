@@ -18,6 +18,7 @@ from pathlib import Path
 
 from flickr8k_study import KINDS, METRICS, RESULTS, RUNS, made_by
 
+from captioner.core.process import set_up_process
 from captioner.results.record import RESULTS_DIR, add_entry, load_results
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -57,4 +58,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    set_up_process()    # as every captioner command: its times are those of captioner train
     main()

@@ -45,6 +45,7 @@ from coco_mini import COCO_MINI, coco_mini_features, coco_mini_overrides
 
 from captioner.config import load_config, recipes
 from captioner.core.console import LOG_FORMAT
+from captioner.core.process import set_up_process
 from captioner.errors import CaptionerError
 from captioner.results.fingerprint import ConfigRef, probe_name
 from captioner.results.record import RESULTS_DIR, add_entry, load_results, why_stale
@@ -216,4 +217,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    set_up_process()    # as every captioner command: its times are those of captioner train
     main()

@@ -41,6 +41,7 @@ from coco_mini import coco_mini_features, coco_mini_overrides
 
 from captioner.checkpoint import load_model
 from captioner.config import load_config, recipes
+from captioner.core.process import set_up_process
 from captioner.core.randomness import seed_everything
 from captioner.data.dataset import collate, make_dataset
 from captioner.data.readers import read_split
@@ -290,4 +291,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    set_up_process()    # as every captioner command: its times are those of captioner train
     main()

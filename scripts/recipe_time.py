@@ -24,6 +24,7 @@ from pathlib import Path
 
 from captioner.config import load_config, recipes
 from captioner.core.console import LOG_FORMAT
+from captioner.core.process import set_up_process
 from captioner.results.record import add_entry, machine_block
 from captioner.results.tables import entry_key
 
@@ -79,4 +80,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    set_up_process()    # as every captioner command: its times are those of captioner train
     main()

@@ -38,6 +38,7 @@ from hard_attention_diagnosis import differences, joined_record, merged
 
 from captioner.checkpoint import checkpoint_digest, load_checkpoint
 from captioner.config import load_config, recipes
+from captioner.core.process import set_up_process
 from captioner.data.vocabulary import Vocabulary, with_training_counts
 from captioner.decoding.search import DecodeConfig
 from captioner.evaluation.diversity import unseen_endings
@@ -244,4 +245,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    set_up_process()    # as every captioner command: its times are those of captioner train
     main()

@@ -4,8 +4,10 @@ levers off nothing changes (every other test runs that way)."""
 
 import copy
 import platform
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -128,7 +130,10 @@ from captioner.cli import main
 torch.set_num_threads(2)
 if sys.argv[1] == "late":
     torch.randn(1 << 22).sum()                  # torch's worker threads exist before the flag is set
-if sys.argv[1] != "off":
+if sys.argv[1] == "setup":
+    from captioner.core.process import set_up_process
+    assert all(set_up_process().values())        # what a script that trains in its own process calls first
+elif sys.argv[1] != "off":
     main(["config", "--reference"])             # any command sets it first
 tiny = torch.full((1 << 22,), 1e-30) * 1e-9     # 1e-39: denormal in float32, computed on both threads
 print((tiny == 0).float().mean().item())
@@ -142,8 +147,18 @@ def test_a_command_flushes_denormals_to_zero_in_every_torch_thread():
         return float(done.stdout.split()[-1])
 
     assert zero_share("command") == 1.0
+    assert zero_share("setup") == 1.0
     assert zero_share("off") == 0.0
     assert 0 < zero_share("late") < 1           # set after the thread pool exists: the calling thread's share only
+
+
+def test_scripts_that_train_or_score_in_their_own_process_set_it_up_as_a_command_does():
+    scripts = Path(__file__).resolve().parent.parent / "scripts"
+    computes = re.compile(r"^\s*from captioner\.(training\.engine|workflows\.evaluate) import", re.MULTILINE)
+    computing = [path for path in scripts.glob("*.py") if computes.search(path.read_text())]
+    assert len(computing) >= 5
+    for path in computing:
+        assert 'if __name__ == "__main__":\n    set_up_process()' in path.read_text(), path.name
 
 
 @pytest.mark.parametrize("make", [lstm, transformer], ids=["lstm", "transformer"])

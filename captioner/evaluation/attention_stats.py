@@ -20,6 +20,7 @@ from collections.abc import Mapping
 import torch
 
 from captioner.decoding.search import Generation
+from captioner.models.attention import attention_entropy
 
 
 def attention_statistics(generations: Mapping[int, Generation]) -> dict | None:
@@ -31,7 +32,7 @@ def attention_statistics(generations: Mapping[int, Generation]) -> dict | None:
         if alpha is None or len(alpha) == 0:
             continue
         alpha = alpha.float()
-        entropies.append(-(alpha * alpha.clamp_min(1e-12).log()).sum(-1))
+        entropies.append(attention_entropy(alpha))
         peaks.append(alpha.max(-1).values)
         per_region = alpha.sum(0)
         coverage.append(per_region)

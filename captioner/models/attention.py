@@ -30,6 +30,12 @@ SCORES = ("additive", "dot", "scaled_dot", "general", "none")
 ACTIVATIONS = ("tanh", "relu")
 
 
+def attention_entropy(alpha: torch.Tensor) -> torch.Tensor:
+    """``-sum_i alpha_i log alpha_i`` (nats) of attention maps ``alpha`` (..., L), in their dtype: (...). A uniform
+    map over L regions has ``log L``, one on a single region 0."""
+    return -(alpha * alpha.clamp_min(1e-12).log()).sum(-1)
+
+
 class RegionAttention(nn.Module):
     """Scores L regions against a query and returns attention weights over them."""
 

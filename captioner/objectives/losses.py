@@ -19,6 +19,7 @@ from torch import nn
 
 from captioner.core.floats import widened
 from captioner.core.settings import check_settings, setting
+from captioner.data.tokens import PAD_INDEX
 from captioner.kernels.word_loss import word_negative_log_likelihood
 from captioner.models.decoder import TeacherForced
 
@@ -212,7 +213,7 @@ def word_log_likelihoods(logits: torch.Tensor, targets: torch.Tensor) -> tuple[t
     """``log p(y_t|s,a)`` of each word (B', T), 0 at padding, from the logits (W, V) of the W real words (the
     :class:`~captioner.models.decoder.TeacherForced` layout) and ``targets`` (B', T), and the mask (B', T) of the
     real words."""
-    mask = targets != 0
+    mask = targets != PAD_INDEX
     word_log_probs = -F.cross_entropy(widened(logits), targets[mask], reduction="none")          # (W,)
     return word_log_probs.new_zeros(mask.shape).masked_scatter(mask, word_log_probs), mask
 

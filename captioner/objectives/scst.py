@@ -27,6 +27,7 @@ from captioner.core.floats import widened
 from captioner.data.text import tokenize
 from captioner.data.vocabulary import Vocabulary
 from captioner.decoding.search import TokenRules, sample_captions
+from captioner.models.attention import attention_entropy
 from captioner.objectives.losses import caption_baseline
 from captioner.objectives.rewards import cached_cider, sentence_bleu4
 
@@ -126,7 +127,7 @@ class SelfCritical:
         if decoder.samples_locations:               # hard attention: the sampled locations share the reward
             alpha = widened(drawn.attention["alpha"])
             log_probs = log_probs + (alpha * drawn.attention["chosen"]).sum(-1).clamp_min(1e-12).log() * mask
-            out["attention_entropy"] = -(alpha * alpha.clamp_min(1e-12).log()).sum(-1).mul(mask).sum() / mask.sum()
+            out["attention_entropy"] = attention_entropy(alpha).mul(mask).sum() / mask.sum()
         loss = policy_loss(rewards - baseline, log_probs, mask)
         if "attention_entropy" in out and self.entropy_weight:
             loss = loss - self.entropy_weight * out["attention_entropy"]

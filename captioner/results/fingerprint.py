@@ -214,11 +214,12 @@ def train_probe(config) -> dict:
 
 
 def generations(generated) -> list[dict]:
+    from captioner.models.attention import attention_entropy
+
     out = []
     for g in generated:
         alpha = g.attention.get("alpha")
-        entropy = None if alpha is None or len(alpha) == 0 else float(
-            -(alpha.double() * alpha.double().clamp_min(1e-12).log()).sum(-1).mean())
+        entropy = None if alpha is None or len(alpha) == 0 else float(attention_entropy(alpha.double()).mean())
         out.append({"tokens": list(g.tokens), "log_prob": rounded(float(g.log_prob)),
                     "attention_entropy": None if entropy is None else rounded(entropy)})
     return out
@@ -232,6 +233,8 @@ def fitted_model(config, vocab):
     import torch
     import torch.nn.functional as F
 
+    from captioner.data.tokens import PAD_INDEX
+
     model = probe_model(config, vocab)
     batch = probe_batch(config, vocab, model, PROBE_IMAGES)
     optimizer = torch.optim.Adam(model.decoder.parameters(), lr=FIT_LR)
@@ -241,7 +244,7 @@ def fitted_model(config, vocab):
         out = model(batch["captions"], features=batch["features"])
         targets = batch["captions"][:, 1:]
         targets = targets if out.repeats is None else targets.repeat_interleave(out.repeats, 0)
-        F.cross_entropy(out.logits.double(), targets[targets != 0]).backward()
+        F.cross_entropy(out.logits.double(), targets[targets != PAD_INDEX]).backward()
         optimizer.step()
     return model.eval(), batch["features"]
 

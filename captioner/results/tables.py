@@ -272,6 +272,20 @@ def recipe_speed(result: dict) -> list[str]:
     return lines
 
 
+def process_setup(result: dict) -> list[str]:
+    """Training steps in fresh processes set up as a ``captioner`` command and with Python's defaults, alternated
+    (``benchmarks/bench_process_setup.py``): each workload's median step seconds and the speed-up (median of the
+    rounds, with their range)."""
+    steps = {"xe": "cross-entropy", "scst": "self-critical"}
+    lines = header("recipe", "step", "s per step, set up", "s per step, defaults", "speed-up")
+    for entry in result["workloads"]:
+        low, high = entry["speed_up_min_max"]
+        lines.append(row(f"`{entry['recipe']}`", steps[entry["step"]], number(entry["step_s"]["set_up"], 2),
+                         number(entry["step_s"]["default"], 2),
+                         f"{number(entry['speed_up'], 2)} ({number(low, 2)}-{number(high, 2)})"))
+    return lines
+
+
 def duration(seconds: float) -> str:
     """A wall time for people: ``11 s``, ``9.0 min``, ``42 min``, ``1.8 h``."""
     if seconds < 120:
@@ -411,4 +425,4 @@ TABLES: dict[str, Callable[[dict], list[str]]] = {
     "recipe_times": recipe_times, "flickr8k_ensembles": flickr8k_ensembles, "own_photos": own_photos,
     "scst_diagnosis": scst_diagnosis, "scst_diagnosis_full": scst_diagnosis, "cuda_check": cuda_check,
     "marginal_attention": marginal_attention, "flickr8k_trials": flickr8k_trials,
-    "recipe_speed": recipe_speed}
+    "recipe_speed": recipe_speed, "process_setup": process_setup}

@@ -196,10 +196,10 @@ def _child(connection, settings: LoadSettings) -> None:
     ``(key, images)`` with ``("ok", captions)`` or ``("error", one line)`` until ``None`` or the parent is gone.
     Ctrl-C reaches the whole process group: the child leaves it to the parent, which stops it."""
     from captioner.core.devices import resolve_device
-    from captioner.core.memory import keep_freed_memory
+    from captioner.core.process import set_up_process
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    keep_freed_memory()     # a spawned interpreter starts with glibc's defaults again: set up as the CLI does
+    set_up_process()        # a spawned interpreter starts with the defaults again: set up as the CLI does
     try:
         models = load_served_models(settings.checkpoints, resolve_device(settings.device), settings.overrides,
                                     beam=settings.beam, max_pixels=settings.max_pixels)

@@ -7,7 +7,7 @@ from pydantic import BaseModel, Field
 
 from captioner.data.vocabulary import Vocabulary
 from captioner.decoding.search import Generation
-from captioner.predictor import attention_maps
+from captioner.predictor import ATTENTION_DECIMALS, attention_maps
 from captioner.serve.batching import Timing
 
 
@@ -105,11 +105,6 @@ class Health(BaseModel):
     models: list[str]
     queued: int = Field(description="requests waiting for the decoder")
     in_flight: int = Field(description="caption and figure requests in the server (at most its --max-queue)")
-
-
-ATTENTION_DECIMALS = 6
-"""Attention weights in the JSON are rounded to this many decimals: a third of the bytes of a float's full
-repr to write, send and parse, and far finer than any display."""
 
 
 def beam_json(generation: Generation, vocab: Vocabulary, grid: tuple[int, int]) -> dict:

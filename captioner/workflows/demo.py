@@ -37,7 +37,7 @@ from captioner.config import Config, load_config, recipes
 from captioner.core.console import LOG_FORMAT
 from captioner.core.devices import usable_cores
 from captioner.core.files import write_file
-from captioner.core.memory import keep_freed_memory
+from captioner.core.process import set_up_process
 from captioner.data.readers import read_split
 from captioner.data.shapes import FORMAT_VERSION, generate_shapes, shapes_info
 from captioner.errors import CaptionerError
@@ -415,8 +415,8 @@ def train_in_worker(name: str, config: Config, resume: bool, rank: int, size: in
     if size > 1:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
                           WORLD_SIZE=str(size))
+    set_up_process()        # as the CLI does, before torch starts this process's threads
     torch.set_num_threads(threads)
-    keep_freed_memory()
     prefix = f"[{name}] " if rank == 0 else f"[{name}, rank {rank}] "
     sys.stdout, sys.stderr = LinePrefixer(sys.stdout, prefix), LinePrefixer(sys.stderr, prefix)
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr)
