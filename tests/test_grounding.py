@@ -1,6 +1,7 @@
 """Attention grounding on constructed cases whose answers are known."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -201,3 +202,16 @@ def test_grounding_takes_several_captions_of_one_image(coco_targets):
     result = ground(pairs, COCO_VOCAB, coco_targets, {5: SIZE}, GRID)
     assert result["words"] == 4 and result["images_grounded"] == 1
     assert result["per_word"]["puppy"]["pointing_accuracy"] == 1.0
+
+
+@pytest.mark.parametrize(("content", "why"), [
+    ({"images": [{"id": 1}], "annotations": [{"id": 1, "image_id": 1, "caption": "a dog"}]}, "no 'categories'"),
+    ({"images": [{"id": 1}], "categories": [{"id": 1, "name": "dog"}]}, "not a COCO instances file"),
+    ({"images": [{"id": 1}], "categories": [], "annotations": [{"id": 1, "bbox": [0, 0, 1, 1]}]}, "malformed COCO"),
+    ({"images": [{"id": 1}], "categories": [], "annotations": []}, "an image without its size"),
+], ids=["captions file", "no annotations", "annotation without image", "image without size"])
+def test_an_instances_file_that_is_not_one_is_refused_in_one_line_naming_it(tmp_path, content, why):
+    path = tmp_path / "instances.json"
+    path.write_text(json.dumps(content))
+    with pytest.raises(CaptionerError, match=rf"instances\.json: .*{re.escape(why)}"):
+        load_targets(path)

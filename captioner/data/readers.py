@@ -47,9 +47,10 @@ def _clean_caption(text: object, where: str) -> str:
     return text if cleaned == text else cleaned      # the file's string itself when clean: no second copy
 
 
-def coco_api(path: str | Path):
-    """A pycocotools ``COCO`` object for an annotation file, with parse errors reported by file and line."""
-    data = read_json(path)
+def coco_api(path: str | Path, data: dict | None = None):
+    """A pycocotools ``COCO`` object for an annotation file, with parse errors reported by file and line;
+    ``data``: the file's parsed JSON, when the caller has it already (the file is not read again)."""
+    data = read_json(path) if data is None else data
     _require(data, ("images", "annotations"), str(path))
     coco = COCO()
     coco.dataset = data

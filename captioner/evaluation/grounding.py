@@ -14,17 +14,15 @@ cross-attention).
 
 from __future__ import annotations
 
-import contextlib
-import io
 import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from pycocotools.coco import COCO
 
 from captioner.core.files import read_json
+from captioner.data.readers import coco_api
 from captioner.data.shapes import COLOURS, SHAPES
 from captioner.decoding.search import Generation
 from captioner.errors import CaptionerError
@@ -122,19 +120,11 @@ class CocoTargets:
     def __init__(self, instances_file: str | Path, dataset: dict | None = None):
         """``dataset``: the file's parsed JSON, when the caller has it already (the file is not read again)."""
         self.file = instances_file
+        self.coco = coco_api(instances_file, dataset)
         try:
-            with contextlib.redirect_stdout(io.StringIO()):  # pycocotools prints its progress
-                if dataset is None:
-                    self.coco = COCO(str(instances_file))
-                else:
-                    self.coco = COCO()
-                    self.coco.dataset = dataset
-                    self.coco.createIndex()
             self.category_ids = {c["name"]: c["id"] for c in self.coco.loadCats(self.coco.getCatIds())}
         except KeyError as err:      # a captions file, say: no 'categories'
             raise CaptionerError(f"{instances_file}: not a COCO instances file (no {err})") from None
-        except (OSError, ValueError, TypeError) as err:
-            raise CaptionerError(f"{instances_file}: not a readable COCO instances file ({err})") from None
         self._cache: dict[tuple[int, str], Target] = {}
 
     def __contains__(self, image_id: int) -> bool:
@@ -188,7 +178,8 @@ def load_instances(instances_file: str | Path) -> tuple[ShapesTargets | CocoTarg
         raise CaptionerError(f"{instances_file}: instances file not found (data.instances)")
     data = read_json(instances_file)
     objects = shapes_objects(data, instances_file)
-    return (ShapesTargets(objects) if objects else CocoTargets(instances_file, data)), _image_sizes(data)
+    targets = ShapesTargets(objects) if objects else CocoTargets(instances_file, data)
+    return targets, _image_sizes(data, instances_file)
 
 
 @dataclass
@@ -272,9 +263,13 @@ def boxes_of_named_objects(instances_file: str | Path, image_path: str | Path, w
     return boxes
 
 
-def _image_sizes(data: dict) -> dict[int, tuple[int, int]]:
-    """``{image_id: (width, height)}`` of a COCO instances (or captions) file's parsed JSON."""
-    return {image["id"]: (int(image["width"]), int(image["height"])) for image in data.get("images", [])}
+def _image_sizes(data: dict, instances_file: str | Path) -> dict[int, tuple[int, int]]:
+    """``{image_id: (width, height)}`` of a COCO instances (or captions) file's parsed JSON (``instances_file``,
+    named in errors)."""
+    try:
+        return {image["id"]: (int(image["width"]), int(image["height"])) for image in data.get("images", [])}
+    except (KeyError, TypeError, ValueError) as err:
+        raise CaptionerError(f"{instances_file}: an image without its size ({type(err).__name__}: {err})") from None
 
 
 def format_grounding(grounding: dict) -> str:

@@ -101,10 +101,10 @@ def shapes_objects(data: object, instances_file: str | Path) -> dict[int, list[d
     """
     try:
         names = {category["id"]: category["name"] for category in data.get("categories", [])}
-        annotations = data.get("annotations", [])
+        annotations = data["annotations"]
         if any("colour" not in annotation for annotation in annotations):
             return {}
-        objects: dict[int, list[dict]] = {image["id"]: [] for image in data.get("images", [])}
+        objects: dict[int, list[dict]] = {image["id"]: [] for image in data["images"]}
         for annotation in annotations:
             objects.setdefault(annotation["image_id"], []).append(
                 {"shape": names[annotation["category_id"]], "colour": annotation["colour"],
