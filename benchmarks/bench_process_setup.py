@@ -75,6 +75,7 @@ def scst_step(config, generator):
     from bench_scst import one_step, synthetic_references
     from common import FLICKR8K_VOCAB
 
+    from captioner.data.tokens import SPECIALS
     from captioner.data.vocabulary import Vocabulary
     from captioner.models.captioner import build_captioner
     from captioner.objectives.rewards import CiderD
@@ -83,7 +84,7 @@ def scst_step(config, generator):
     decoder, encoder = model.decoder.train(), model.encoder
     photos = config.train.scst_batch_size
     features = torch.randn(photos, encoder.grid[0] * encoder.grid[1], encoder.feature_dim, generator=generator)
-    vocab = Vocabulary(["<pad>", "<start>", "<end>", "<unk>"] + [f"w{i}" for i in range(4, FLICKR8K_VOCAB)])
+    vocab = Vocabulary([*SPECIALS] + [f"w{i}" for i in range(len(SPECIALS), FLICKR8K_VOCAB)])
     cider = CiderD(synthetic_references(photos, generator), count_end=True)
     optimizer = torch.optim.Adam(decoder.parameters(), lr=config.train.scst_lr)
     return lambda: one_step(decoder, features, cider, vocab, optimizer, torch.device("cpu"), greedy_baseline=False)

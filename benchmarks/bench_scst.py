@@ -15,6 +15,7 @@ import time
 import torch
 from common import RULES, VOCAB, add_arguments, setup, synchronise
 
+from captioner.data.tokens import SPECIALS
 from captioner.data.vocabulary import Vocabulary
 from captioner.decoding.search import sample_captions
 from captioner.models.lstm_decoder import LSTMDecoder, LSTMDecoderConfig
@@ -75,7 +76,7 @@ def main() -> None:
     args = parser.parse_args()
     device = setup(args)
     generator = torch.Generator().manual_seed(0)
-    vocab = Vocabulary(["<pad>", "<start>", "<end>", "<unk>"] + [f"w{i}" for i in range(4, VOCAB)])
+    vocab = Vocabulary([*SPECIALS] + [f"w{i}" for i in range(len(SPECIALS), VOCAB)])
     cider = CiderD(synthetic_references(IMAGES, generator), count_end=True)
     decoder = LSTMDecoder(LSTMDecoderConfig(vocab_size=VOCAB, region_dim=512, grid=(14, 14))).to(device).train()
     features = torch.randn(IMAGES, 196, 512, generator=generator).to(device)

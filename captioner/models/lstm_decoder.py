@@ -49,7 +49,7 @@ from captioner.core.floats import widened
 from captioner.core.settings import check_settings, setting
 from captioner.data.tokens import PAD_INDEX
 from captioner.kernels.recurrence import StepRecord, prefixes, recurrent_terms
-from captioner.models.attention import ACTIVATIONS, SCORES, RegionAttention, attention_entropy
+from captioner.models.attention import ACTIVATIONS, SCORES, RegionAttention
 from captioner.models.decoder import TeacherForced
 from captioner.models.positions import grid_code
 
@@ -218,7 +218,7 @@ class LSTMDecoder(nn.Module):
             chosen = F.one_hot(location, alpha.shape[1]).to(alpha.dtype)
             log_alpha = torch.log(alpha.clamp_min(1e-12))
             location_info = {"chosen": chosen, "log_prob_location": log_alpha.gather(1, location[:, None]).squeeze(1),
-                             "entropy": attention_entropy(alpha)}
+                             "entropy": -(alpha * log_alpha).sum(dim=-1)}
             weights = chosen if expectation_rows is None else torch.where(expectation_rows[:, None], alpha, chosen)
         images = regions.shape[0]
         # z_t = phi({a_i}, {alpha_ti}) (eq. 6): sum_i w_i a_i with w = alpha (eq. 13) or one-hot s_t (eq. 9)
