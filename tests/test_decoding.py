@@ -216,6 +216,43 @@ def test_seeded_sampling_is_the_same_batched_one_by_one_and_k_at_once():
         assert together.tokens[j::3, width:].eq(VOCAB.pad_index).all()
 
 
+@pytest.mark.parametrize("make", [lstm, transformer], ids=["lstm", "transformer"])
+def test_sampling_with_gradients_is_the_same_batched_as_image_by_image(make):
+    """An image leaves the batch once all its samples have ended; the words, the log-probabilities, the attention
+    and the gradients through them stay those of each image drawn alone."""
+    decoder = fond_of(make(), VOCAB.end_index, bonus=2.5)          # captions of many lengths
+    regions, seeds, samples, steps = features(6), [3, 4, 5, 6, 7, 8], 3, 10
+    weights = torch.randn(6 * samples, steps, generator=torch.Generator().manual_seed(2))
+
+    def draw(rows: slice, index: list[int]):
+        drawn = sample_captions(decoder, regions[rows], rules=RULES, max_length=steps, samples=samples,
+                                uniforms=seeded_uniforms([seeds[i] for i in index], samples, steps))
+        width = drawn.tokens.shape[1]
+        loss = (drawn.log_probs * weights[rows.start * samples: rows.stop * samples, :width]).sum()
+        return drawn, torch.autograd.grad(loss, list(decoder.parameters()), allow_unused=True)
+
+    together, together_grads = draw(slice(0, 6), list(range(6)))
+    lengths = together.mask.sum(dim=1).view(6, samples).max(dim=1).values
+    assert lengths.min() < lengths.max()                              # some images left the batch early
+    alone_grads = None
+    for i in range(6):
+        alone, grads = draw(slice(i, i + 1), [i])
+        width, rows = alone.tokens.shape[1], slice(i * samples, (i + 1) * samples)
+        assert width == lengths[i]
+        torch.testing.assert_close(together.tokens[rows, :width], alone.tokens)
+        assert together.tokens[rows, width:].eq(VOCAB.pad_index).all() and not together.mask[rows, width:].any()
+        for name in ("mask", "log_probs", "model_log_probs", "entropy"):
+            torch.testing.assert_close(getattr(together, name)[rows, :width], getattr(alone, name))
+        torch.testing.assert_close(together.attention["alpha"][rows, :width], alone.attention["alpha"])
+        assert together.log_probs[rows, width:].eq(0).all() and together.attention["alpha"][rows, width:].eq(0).all()
+        alone_grads = grads if alone_grads is None else [
+            a if b is None else b if a is None else a + b for a, b in zip(alone_grads, grads)]
+    for a, b in zip(together_grads, alone_grads):
+        assert (a is None) == (b is None)
+        if a is not None:
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
 def test_top_k_one_and_a_tiny_nucleus_are_greedy_and_temperature_spreads():
     decoder = lstm()
     regions = features(6)

@@ -263,37 +263,55 @@ def sample_captions(decoder, regions: torch.Tensor, *, rules: TokenRules, max_le
     ``temperature=0`` takes the most likely word (greedy decoding); else each word is drawn from
     ``softmax(log p / temperature)``, truncated to ``top_k`` / ``top_p``, at the random numbers ``uniforms``
     (N, max_length) (e.g. :func:`seeded_uniforms`), or torch's global generator's when None. The decoder's
-    ``fixed_state`` is not repeated per sample. Runs with the caller's grad mode: under ``torch.no_grad`` for
-    decoding, with gradients for self-critical training.
+    ``fixed_state`` is not repeated per sample, and an image leaves the batch once all its samples have ended:
+    the steps left run on the other images' rows alone. Runs with the caller's grad mode: under
+    ``torch.no_grad`` for decoding, with gradients for self-critical training.
     """
     batch, device = regions.shape[0], regions.device
     rows = batch * samples
-    state, _ = start_state(decoder, regions, samples)
+    state, fixed = start_state(decoder, regions, samples)
+    images = torch.arange(batch, device=device)                       # the images still in the batch
+    live_rows = torch.arange(rows, device=device)                     # their rows, ``samples`` each
     tokens = torch.full((rows,), rules.start_index, dtype=torch.long, device=device)
     finished = torch.zeros(rows, dtype=torch.bool, device=device)
     words = torch.empty(rows, 0, dtype=torch.long, device=device)
     drawn, policy, model, entropy, history = [], [], [], [], []
     for step in range(max_length):
-        log_probs, state, attention = decoder.step(tokens, state)
-        allowed = rules.apply(log_probs, words)
+        log_probs, state, attention = decoder.step(tokens.index_select(0, live_rows), state)
+        allowed = rules.apply(log_probs, words.index_select(0, live_rows))
         if temperature == 0:
-            tokens, scaled = allowed.argmax(dim=1), allowed
+            chosen, scaled = allowed.argmax(dim=1), allowed
         else:
             scaled = torch.log_softmax(allowed / temperature, dim=1)
             random = uniforms[:, step] if uniforms is not None else torch.rand(rows, device=device)
-            tokens = _draw(_truncate(scaled.detach(), top_k, top_p), random)
-        tokens = tokens.masked_fill(finished, rules.pad_index)
-        live = ~finished
-        policy.append(torch.where(live, scaled.gather(1, tokens[:, None]).squeeze(1), 0.0))
-        model.append(torch.where(live, allowed.detach().gather(1, tokens[:, None]).squeeze(1), 0.0))
+            chosen = _draw(_truncate(scaled.detach(), top_k, top_p), random.index_select(0, live_rows.to(random.device)))
+        live = ~finished.index_select(0, live_rows)
+        chosen = chosen.masked_fill(~live, rules.pad_index)
         spread = scaled.detach()
-        entropy.append(torch.where(live, -(spread.exp() * spread.nan_to_num(neginf=0.0)).sum(dim=1), 0.0))
-        drawn.append(live)
-        history.append({name: value * live[:, None] for name, value in attention.items()})
+
+        def spread_out(value: torch.Tensor) -> torch.Tensor:
+            """``value`` (n, ...) of the rows in the batch -> (N, ...), zero at the rows of images that left."""
+            value = torch.where(live.view(-1, *([1] * (value.dim() - 1))), value, value.new_zeros(()))
+            if len(live_rows) == rows:
+                return value
+            return value.new_zeros(rows, *value.shape[1:]).index_copy(0, live_rows, value)
+
+        policy.append(spread_out(scaled.gather(1, chosen[:, None]).squeeze(1)))
+        model.append(spread_out(allowed.detach().gather(1, chosen[:, None]).squeeze(1)))
+        entropy.append(spread_out(-(spread.exp() * spread.nan_to_num(neginf=0.0)).sum(dim=1)))
+        history.append({name: spread_out(value) for name, value in attention.items()})
+        drawn.append(spread_out(live))
+        tokens = torch.full_like(tokens, rules.pad_index).index_copy(0, live_rows, chosen)
         words = torch.cat([words, tokens[:, None]], dim=1)
         finished = finished | (tokens == rules.end_index)
-        if finished.all():
+        ended = finished.view(batch, samples).index_select(0, images).all(dim=1)   # per image in the batch
+        if ended.all():
             break
+        if ended.any():                       # those images leave the batch
+            kept = (~ended).nonzero().squeeze(1)
+            rows_kept = (kept[:, None] * samples + torch.arange(samples, device=device)).flatten()
+            state = select_state(state, rows_kept, keep=fixed, keep_index=kept)
+            images, live_rows = images.index_select(0, kept), live_rows.index_select(0, rows_kept)
     return SampledCaptions(tokens=words, mask=torch.stack(drawn, 1), log_probs=torch.stack(policy, 1),
                            model_log_probs=torch.stack(model, 1), entropy=torch.stack(entropy, 1),
                            attention=_stack_attention(history))
