@@ -216,7 +216,11 @@ def test_seeded_sampling_is_the_same_batched_one_by_one_and_k_at_once():
         assert together.tokens[j::3, width:].eq(VOCAB.pad_index).all()
 
 
-@pytest.mark.parametrize("make", [lstm, transformer], ids=["lstm", "transformer"])
+def marginal(seed: int = 0) -> LSTMDecoder:
+    return lstm(seed, attention_mode="marginal", marginal_regions=3, marginal_rest="soft")
+
+
+@pytest.mark.parametrize("make", [lstm, transformer, marginal], ids=["lstm", "transformer", "marginal"])
 def test_sampling_with_gradients_is_the_same_batched_as_image_by_image(make):
     """An image leaves the batch once all its samples have ended; the words, the log-probabilities, the attention
     and the gradients through them stay those of each image drawn alone."""
@@ -231,9 +235,19 @@ def test_sampling_with_gradients_is_the_same_batched_as_image_by_image(make):
         loss = (drawn.log_probs * weights[rows.start * samples: rows.stop * samples, :width]).sum()
         return drawn, torch.autograd.grad(loss, list(decoder.parameters()), allow_unused=True)
 
+    rows_per_step = []
+    step = decoder.step
+
+    def counted_step(tokens, state):
+        rows_per_step.append(len(tokens))
+        return step(tokens, state)
+
+    decoder.step = counted_step
     together, together_grads = draw(slice(0, 6), list(range(6)))
     lengths = together.mask.sum(dim=1).view(6, samples).max(dim=1).values
-    assert lengths.min() < lengths.max()                              # some images left the batch early
+    assert rows_per_step == [samples * int((lengths > t).sum()) for t in range(len(rows_per_step))]
+    assert len(set(rows_per_step)) >= 3 and lengths[:-1].min() < lengths[-1]  # images left, in several steps
+    del decoder.step
     alone_grads = None
     for i in range(6):
         alone, grads = draw(slice(i, i + 1), [i])
@@ -243,8 +257,9 @@ def test_sampling_with_gradients_is_the_same_batched_as_image_by_image(make):
         assert together.tokens[rows, width:].eq(VOCAB.pad_index).all() and not together.mask[rows, width:].any()
         for name in ("mask", "log_probs", "model_log_probs", "entropy"):
             torch.testing.assert_close(getattr(together, name)[rows, :width], getattr(alone, name))
+            assert not getattr(together, name)[rows, width:].any()
         torch.testing.assert_close(together.attention["alpha"][rows, :width], alone.attention["alpha"])
-        assert together.log_probs[rows, width:].eq(0).all() and together.attention["alpha"][rows, width:].eq(0).all()
+        assert not together.attention["alpha"][rows, width:].any()
         alone_grads = grads if alone_grads is None else [
             a if b is None else b if a is None else a + b for a, b in zip(alone_grads, grads)]
     for a, b in zip(together_grads, alone_grads):

@@ -275,39 +275,34 @@ def sample_captions(decoder, regions: torch.Tensor, *, rules: TokenRules, max_le
     tokens = torch.full((rows,), rules.start_index, dtype=torch.long, device=device)
     finished = torch.zeros(rows, dtype=torch.bool, device=device)
     words = torch.empty(rows, 0, dtype=torch.long, device=device)
+    uniforms = uniforms.to(device) if uniforms is not None else None
     drawn, policy, model, entropy, history = [], [], [], [], []
     for step in range(max_length):
-        log_probs, state, attention = decoder.step(tokens.index_select(0, live_rows), state)
-        allowed = rules.apply(log_probs, words.index_select(0, live_rows))
+        everyone = len(live_rows) == rows
+        log_probs, state, attention = decoder.step(tokens if everyone else tokens.index_select(0, live_rows), state)
+        allowed = rules.apply(log_probs, words if everyone else words.index_select(0, live_rows))
         if temperature == 0:
             chosen, scaled = allowed.argmax(dim=1), allowed
         else:
             scaled = torch.log_softmax(allowed / temperature, dim=1)
             random = uniforms[:, step] if uniforms is not None else torch.rand(rows, device=device)
-            chosen = _draw(_truncate(scaled.detach(), top_k, top_p), random.index_select(0, live_rows.to(random.device)))
+            chosen = _draw(_truncate(scaled.detach(), top_k, top_p), random if everyone else random.index_select(0, live_rows))
         live = ~finished.index_select(0, live_rows)
         chosen = chosen.masked_fill(~live, rules.pad_index)
         spread = scaled.detach()
-
-        def spread_out(value: torch.Tensor) -> torch.Tensor:
-            """``value`` (n, ...) of the rows in the batch -> (N, ...), zero at the rows of images that left."""
-            value = torch.where(live.view(-1, *([1] * (value.dim() - 1))), value, value.new_zeros(()))
-            if len(live_rows) == rows:
-                return value
-            return value.new_zeros(rows, *value.shape[1:]).index_copy(0, live_rows, value)
-
-        policy.append(spread_out(scaled.gather(1, chosen[:, None]).squeeze(1)))
-        model.append(spread_out(allowed.detach().gather(1, chosen[:, None]).squeeze(1)))
-        entropy.append(spread_out(-(spread.exp() * spread.nan_to_num(neginf=0.0)).sum(dim=1)))
-        history.append({name: spread_out(value) for name, value in attention.items()})
-        drawn.append(spread_out(live))
+        policy.append(_all_rows(scaled.gather(1, chosen[:, None]).squeeze(1), live, live_rows, rows))
+        model.append(_all_rows(allowed.detach().gather(1, chosen[:, None]).squeeze(1), live, live_rows, rows))
+        entropy.append(_all_rows(-(spread.exp() * spread.nan_to_num(neginf=0.0)).sum(dim=1), live, live_rows, rows))
+        history.append({name: _all_rows(value, live, live_rows, rows) for name, value in attention.items()})
+        drawn.append(_all_rows(live, live, live_rows, rows))
         tokens = torch.full_like(tokens, rules.pad_index).index_copy(0, live_rows, chosen)
         words = torch.cat([words, tokens[:, None]], dim=1)
         finished = finished | (tokens == rules.end_index)
         ended = finished.view(batch, samples).index_select(0, images).all(dim=1)   # per image in the batch
-        if ended.all():
+        leaving = int(ended.sum())
+        if leaving == len(images):
             break
-        if ended.any():                       # those images leave the batch
+        if leaving:                           # those images leave the batch
             kept = (~ended).nonzero().squeeze(1)
             rows_kept = (kept[:, None] * samples + torch.arange(samples, device=device)).flatten()
             state = select_state(state, rows_kept, keep=fixed, keep_index=kept)
@@ -315,6 +310,15 @@ def sample_captions(decoder, regions: torch.Tensor, *, rules: TokenRules, max_le
     return SampledCaptions(tokens=words, mask=torch.stack(drawn, 1), log_probs=torch.stack(policy, 1),
                            model_log_probs=torch.stack(model, 1), entropy=torch.stack(entropy, 1),
                            attention=_stack_attention(history))
+
+
+def _all_rows(value: torch.Tensor, live: torch.Tensor, live_rows: torch.Tensor, rows: int) -> torch.Tensor:
+    """``value`` (n, ...) of the ``live_rows`` (n,) still in the batch -> (rows, ...), zero where ``live`` (n,) is
+    false (a sample that has ended) and at the rows of the images that left the batch."""
+    value = torch.where(live.view(-1, *([1] * (value.dim() - 1))), value, value.new_zeros(()))
+    if len(live_rows) == rows:
+        return value
+    return value.new_zeros(rows, *value.shape[1:]).index_copy(0, live_rows, value)
 
 
 @torch.inference_mode()

@@ -35,7 +35,7 @@ class TeacherForced:
     attention). B' = B, except in hard-attention training, which also sets ``repeats`` (B,) (each caption's
     rows), ``log_prob_location``, ``entropy`` (B', T) and ``expectation_rows`` (B',). Variational attention's
     training sets ``sampled_logits`` (W, V) (the words at the drawn regions), ``log_prob_location`` (log q of
-    them), ``kl`` and ``locations`` (B, T). ``alpha_heads`` (B', heads, T, L): the Transformer's per-head maps.
+    them), ``kl`` and ``locations`` (B, T).
     """
 
     logits: torch.Tensor
@@ -44,7 +44,6 @@ class TeacherForced:
     log_prob_location: torch.Tensor | None = None
     entropy: torch.Tensor | None = None
     expectation_rows: torch.Tensor | None = None
-    alpha_heads: torch.Tensor | None = None
     sampled_logits: torch.Tensor | None = None
     kl: torch.Tensor | None = None
     locations: torch.Tensor | None = None

@@ -257,20 +257,19 @@ class TransformerDecoder(nn.Module):
         return self.final_norm(x), weights if packing is None else weights * packing.real[:, None, :, None]
 
     # -- teacher forcing ------------------------------------------------------------------------------
-    def forward(self, features: torch.Tensor, captions: torch.Tensor, heads: bool = False) -> TeacherForced:
+    def forward(self, features: torch.Tensor, captions: torch.Tensor) -> TeacherForced:
         """Teacher-forced pass.
 
         ``features`` (B, L, D); ``captions`` (B, T+1) = ``<start> w_1 .. <end> <pad>..``. Returns ``logits``
         (W, V) at the W real positions of ``captions[:, 1:]`` and ``alpha`` (B, T, L), the reported cross-attention
-        averaged over heads (zero at padding); with ``heads``, also ``alpha_heads`` (B, heads, T, L).
+        averaged over heads (zero at padding).
         """
         memory_kv = self.memory_kv(self.prepare_regions(features))
         packing = Packing(captions[:, 1:] != PAD_INDEX)     # the positions that predict a word
         states, weights = self.run_layers(captions[:, :-1], memory_kv, packing)
         if not self.attends:
             return TeacherForced(logits=self.out_words(states))
-        return TeacherForced(logits=self.out_words(states), alpha=weights.mean(dim=1),
-                             alpha_heads=weights if heads else None)
+        return TeacherForced(logits=self.out_words(states), alpha=weights.mean(dim=1))
 
     @property
     def attends(self) -> bool:
