@@ -270,8 +270,7 @@ def sample_captions(decoder, regions: torch.Tensor, *, rules: TokenRules, max_le
     batch, device = regions.shape[0], regions.device
     rows = batch * samples
     state, fixed = start_state(decoder, regions, samples)
-    images = torch.arange(batch, device=device)                       # the images still in the batch
-    live_rows = torch.arange(rows, device=device)                     # their rows, ``samples`` each
+    live_rows = torch.arange(rows, device=device)                     # the rows of the images still in the batch
     tokens = torch.full((rows,), rules.start_index, dtype=torch.long, device=device)
     finished = torch.zeros(rows, dtype=torch.bool, device=device)
     words = torch.empty(rows, 0, dtype=torch.long, device=device)
@@ -298,18 +297,24 @@ def sample_captions(decoder, regions: torch.Tensor, *, rules: TokenRules, max_le
         tokens = torch.full_like(tokens, rules.pad_index).index_copy(0, live_rows, chosen)
         words = torch.cat([words, tokens[:, None]], dim=1)
         finished = finished | (tokens == rules.end_index)
-        ended = finished.view(batch, samples).index_select(0, images).all(dim=1)   # per image in the batch
+        ended = finished.index_select(0, live_rows).view(-1, samples).all(dim=1)   # per image in the batch
         leaving = int(ended.sum())
-        if leaving == len(images):
+        if leaving == len(ended):
             break
         if leaving:                           # those images leave the batch
             kept = (~ended).nonzero().squeeze(1)
-            rows_kept = (kept[:, None] * samples + torch.arange(samples, device=device)).flatten()
+            rows_kept = _rows_of(kept, samples)
             state = select_state(state, rows_kept, keep=fixed, keep_index=kept)
-            images, live_rows = images.index_select(0, kept), live_rows.index_select(0, rows_kept)
+            live_rows = live_rows.index_select(0, rows_kept)
     return SampledCaptions(tokens=words, mask=torch.stack(drawn, 1), log_probs=torch.stack(policy, 1),
                            model_log_probs=torch.stack(model, 1), entropy=torch.stack(entropy, 1),
                            attention=_stack_attention(history))
+
+
+def _rows_of(images: torch.Tensor, per_image: int) -> torch.Tensor:
+    """The rows (B' * per_image,) of the images at positions ``images`` (B',) of a batch whose images hold
+    ``per_image`` adjacent rows each."""
+    return (images[:, None] * per_image + torch.arange(per_image, device=images.device)).flatten()
 
 
 def _all_rows(value: torch.Tensor, live: torch.Tensor, live_rows: torch.Tensor, rows: int) -> torch.Tensor:
@@ -390,7 +395,8 @@ def beam_search(decoder, regions: torch.Tensor, *, beam: int, max_length: int, r
             gone = done.repeat_interleave(k)
             _keep_best(out, images[done], scores[done], lengths[gone], words[gone],
                        {name: value[gone] for name, value in history.items()}, rules.end_index, length_penalty, n_best)
-            kept, rows = (~done).nonzero().squeeze(1), (~gone).nonzero().squeeze(1)
+            kept = (~done).nonzero().squeeze(1)
+            rows = _rows_of(kept, k)
             images, scores, base = images[kept], scores[kept], base[:kept.shape[0]]
             tokens, finished, lengths, words = (t.index_select(0, rows) for t in (tokens, finished, lengths, words))
             history = {name: value.index_select(0, rows) for name, value in history.items()}
