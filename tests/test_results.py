@@ -12,7 +12,8 @@ from captioner.config import load_config, recipes
 from captioner.decoding.search import DecodeConfig
 from captioner.errors import CaptionerError
 from captioner.results import fingerprint
-from captioner.results.record import add_entry, load_results, made_by, result_settings, save, why_stale, write_result
+from captioner.results.record import (add_entry, load_results, made_by, override_text, pin, pinned_key, result_settings,
+                                      save, settings_changes, why_stale, write_result)
 from captioner.results.render import TABLE, pages, render_page, stale_results, table_differences
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -229,6 +230,53 @@ def test_the_transformer_words_recipe_is_probed_untied_as_its_run_trains():
     assert fingerprint.ConfigRef("flickr8k_full_transformer").load().model.transformer.tie_embeddings
     steps = fingerprint.compute("train flickr8k_full_transformer_scst_words")["steps"]
     assert [step["objective"] for step in steps] == ["xe"] * fingerprint.TRAIN_STEPS
+
+
+def as_made_with(key: str, **changed) -> dict:
+    """The settings of config ``key`` as a recipe that has changed since would have recorded them: ``changed``
+    (``section__name=value``) where the recipe differs now."""
+    recorded = result_settings(fingerprint.ConfigRef.parse(key).load())
+    return {**recorded, **{name.replace("__", "."): value for name, value in changed.items()}}
+
+
+def test_a_result_pinned_after_its_recipe_changed_names_the_settings_that_made_it():
+    key = "demo_soft train.epochs=3"
+    recorded = as_made_with(key, train__lr=0.001, train__lr_schedule="none")
+    record = {"settings": {key: recorded, "demo_hard": as_made_with("demo_hard")},
+              "fingerprint": {"text": {"n": 1}, f"train {key}": {"n": 2}, f"decode {key}": {"n": 3},
+                              "data demo_soft": {"n": 4}, "train demo_hard": {"n": 5}},
+              "result": {"entries": {"a": {"overrides": ["train.epochs=3", "run.seed=1"],
+                                           "made_by": {"configs": [key], "probes": ["text", f"train {key}"]}},
+                                     "b": {"made_by": {"configs": ["demo_hard"], "probes": ["train demo_hard"]}}}}}
+    assert settings_changes(key, recorded)                      # stale, before
+    pinned = "demo_soft train.epochs=3 train.lr=0.001 train.lr_schedule=none"
+    assert pin(record, "demo_soft") == {key: pinned}
+    assert settings_changes(pinned, recorded) == [] and list(record["settings"]) == [pinned, "demo_hard"]
+    assert list(record["fingerprint"]) == ["text", f"train {pinned}", f"decode {pinned}", "data demo_soft",
+                                           "train demo_hard"]          # the data probe reads the data section only
+    assert record["fingerprint"][f"train {pinned}"] == {"n": 2}           # numbers kept: the check still runs them
+    assert record["result"]["entries"]["a"]["made_by"] == {"configs": [pinned], "probes": ["text", f"train {pinned}"]}
+    assert record["result"]["entries"]["a"]["overrides"] == ["train.epochs=3", "run.seed=1", "train.lr=0.001",
+                                                             "train.lr_schedule=none"]        # what its table shows
+    assert record["result"]["entries"]["b"]["made_by"] == {"configs": ["demo_hard"], "probes": ["train demo_hard"]}
+    assert "overrides" not in record["result"]["entries"]["b"]
+    assert pin(record, "demo_soft") == {}                                # pinned once, current after
+
+
+def test_a_setting_new_since_is_pinned_to_its_default_and_a_setting_gone_cannot_be_pinned():
+    key = "demo_soft"
+    recorded = as_made_with(key)
+    del recorded["train.lr_schedule"]                    # not a setting then: it ran as its default does now
+    assert pinned_key(key, recorded) == "demo_soft train.lr_schedule=none"
+    assert pinned_key(key, as_made_with(key)) == key
+    assert pinned_key(key, {**as_made_with(key), "train.gone": 1}) is None
+
+
+def test_an_override_pinned_reads_back_as_the_value_it_names():
+    assert override_text("train.lr_schedule", "none") == "train.lr_schedule=none"
+    assert override_text("run.out", "12") == 'run.out="12"'             # a bare 12 would read as a number
+    assert override_text("train.lr", 0.0004) == "train.lr=0.0004"
+    assert override_text("data.max_train_images", None) == "data.max_train_images=null"
 
 
 def test_an_added_entry_sits_beside_those_before_each_with_its_machine(tmp_path):

@@ -239,3 +239,61 @@ def why_stale(record: dict) -> list[str]:
     """Why ``record``'s numbers are not those the code and settings make now (empty: they are): each config whose
     settings changed and each probe that computes other numbers, with the first differences."""
     return [reason for reasons in stale_parts(record).values() for reason in reasons]
+
+
+def pinned_key(key: str, recorded: dict) -> str | None:
+    """Config ``key`` with overrides appended that give back the settings ``recorded`` where its recipe has changed
+    since (each changed setting set to its recorded value, a setting new since then to its default): ``key`` itself
+    where nothing changed, None where no overrides can (a setting gone, a recipe removed)."""
+    from captioner.errors import CaptionerError
+
+    ref = ConfigRef.parse(key)
+    try:
+        now = result_settings(ref.load())
+    except (CaptionerError, KeyError):
+        return None
+    if set(recorded) - set(now):
+        return None
+    defaults = setting_defaults()
+    wanted = {name: recorded[name] if name in recorded else defaults.get(name) for name in now}
+    changed = [override_text(name, value) for name, value in sorted(wanted.items()) if now[name] != value]
+    if not changed:
+        return key
+    pinned = ConfigRef(ref.recipe, (*ref.overrides, *changed), ref.init_from)
+    return pinned.key if not settings_changes(pinned.key, recorded) else None
+
+
+def override_text(name: str, value) -> str:
+    """The override ``name=value`` as a config reads it back (a string bare where YAML keeps it a string)."""
+    from captioner.config import parse_override
+
+    text = f"{name}={value}" if isinstance(value, str) else f"{name}={json.dumps(value)}"
+    nested = parse_override(text)
+    for part in name.split("."):
+        nested = nested[part]
+    return text if nested == value else f"{name}={json.dumps(value)}"
+
+
+def pin(record: dict, recipe: str) -> dict[str, str]:
+    """Pin, in ``record``, each config of ``recipe`` whose settings changed since (:func:`pinned_key`): its key, the
+    ``made_by`` of its entries, and the ``train`` and ``decode`` probes of that config (those that run it whole),
+    renamed to the pinned key (a probe's recorded numbers are kept: :func:`why_stale` still holds them against the
+    code); an entry's ``overrides`` (those its table shows) gain the pinned ones. Returns the keys renamed, old to
+    new; a config that cannot be pinned is left as it is (stale)."""
+    renamed = {key: new for key, recorded in record["settings"].items()
+               if ConfigRef.parse(key).recipe == recipe and (new := pinned_key(key, recorded)) not in (None, key)}
+    probes = {f"{kind} {old}": f"{kind} {new}" for old, new in renamed.items() for kind in ("train", "decode")}
+    record["settings"] = {renamed.get(key, key): value for key, value in record["settings"].items()}
+    record["fingerprint"] = {probes.get(name, name): value for name, value in record["fingerprint"].items()}
+    for section in record["result"].values():
+        entries = section.values() if isinstance(section, dict) else ()
+        for entry in entries:
+            if isinstance(entry, dict) and isinstance(entry.get("made_by"), dict):
+                made = entry["made_by"]
+                if isinstance(entry.get("overrides"), list):
+                    entry["overrides"] += [override for key in made["configs"] if key in renamed
+                                           for override in ConfigRef.parse(renamed[key]).overrides
+                                           if override not in ConfigRef.parse(key).overrides]
+                made["configs"] = [renamed.get(key, key) for key in made["configs"]]
+                made["probes"] = [probes.get(name, name) for name in made["probes"]]
+    return renamed
