@@ -48,7 +48,7 @@ from captioner.core.console import LOG_FORMAT
 from captioner.core.process import set_up_process
 from captioner.errors import CaptionerError
 from captioner.results.fingerprint import ConfigRef, probe_name
-from captioner.results.record import RESULTS_DIR, add_entry, load_results, why_stale
+from captioner.results.record import add_entry, load_results, why_stale
 from captioner.results.record import made_by as record_made_by
 from captioner.workflows.report import read_metrics
 
@@ -103,11 +103,12 @@ def validation_curve(run_dir: Path) -> list[dict]:
 
 
 def run(kind: str, seed: int, ablation: bool, extra: list[str], resume: bool = False, save: str | None = None,
-        trial: str | None = None) -> dict:
+        trial: str | None = None, restart: bool = False) -> dict:
     """Train (or, with ``resume``, go on from the run's ``last.pt``), score on all validation photos, ground on
     coco-mini; the result as saved. With ``extra`` overrides it is a trial, not the recipe: printed, or with ``save``
     saved as the entry ``trial`` of that result (made by the recipe with the overrides), in ``runs/flickr8k_full/``
-    under that name. A run stopped before its end is not scored: it says how to go on."""
+    under that name. A run stopped before its end is not scored: it says how to go on. The study's runs saved before
+    and made otherwise refuse it, or with ``restart`` are dropped."""
     from captioner.training.engine import train
     from captioner.workflows.evaluate import evaluate_checkpoint
 
@@ -172,13 +173,13 @@ def run(kind: str, seed: int, ablation: bool, extra: list[str], resume: bool = F
         print(json.dumps(result, indent=1))
     else:
         # beside the runs saved before (its table: results.tables); the study's runs made otherwise refuse it
-        # (--restart), a trial's result drops them
+        # (--restart drops them), a trial's result drops them
         (out / "study_entry.json").write_text(json.dumps(result, indent=1))
         if changed := why_stale(made):
             raise SystemExit(f"{out}: what makes its numbers changed while it trained ({'; '.join(changed)}): they "
                              f"are in {out / 'study_entry.json'}, not saved; train it again")
         add_entry(save or RESULTS, "runs", f"{name}_{trial}" if save else name, result, configs=keys, probes=probes,
-                  keep_stale=not save)
+                  keep_stale=not (save or restart))
     return result
 
 
@@ -189,7 +190,8 @@ def main() -> None:
     parser.add_argument("--ablation", action="store_true", help="the recipe's no-attention ablation")
     parser.add_argument("--resume", action="store_true", help="go on with the run from its last.pt, then score it")
     parser.add_argument("--restart", action="store_true",
-                        help="drop the saved runs, made with other settings or another behaviour of the code")
+                        help="drop the saved runs made with other settings or another behaviour of the code (a "
+                        "recipe changed on purpose); without it they refuse this run's entry")
     parser.add_argument("--save", metavar="NAME", help="save a trial as an entry of the result NAME (with --name)")
     parser.add_argument("--name", help="the trial's name: its run folder and entry, after the run's")
     parser.add_argument("overrides", nargs="*", help="after --: overrides for a trial run (printed, or with --save "
@@ -206,12 +208,10 @@ def main() -> None:
     if args.kind in AFTER and any(o.startswith("train.init_from=") for o in args.overrides):
         parser.error(f"{args.kind} fine-tunes the study's {AFTER[args.kind]} run of its seed: not another model")
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)   # each run's start-up facts: device, precision chosen
-    if args.restart:
-        (RESULTS_DIR / f"{RESULTS}.json").unlink(missing_ok=True)
     if args.ablation and args.kind not in ABLATION:
         parser.error(f"{args.kind} has no ablation: one of {', '.join(sorted(ABLATION))}")
     try:
-        run(args.kind, args.seed, args.ablation, args.overrides, args.resume, args.save, args.name)
+        run(args.kind, args.seed, args.ablation, args.overrides, args.resume, args.save, args.name, args.restart)
     except CaptionerError as err:
         raise SystemExit(str(err)) from None
 
