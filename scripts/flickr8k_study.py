@@ -48,7 +48,8 @@ from captioner.core.console import LOG_FORMAT
 from captioner.core.process import set_up_process
 from captioner.errors import CaptionerError
 from captioner.results.fingerprint import ConfigRef, probe_name
-from captioner.results.record import add_entry, load_results, why_stale
+from captioner.results.record import (RESULTS_DIR, add_entry, entries_made_otherwise, load_results,
+                                      made_otherwise_message, why_stale)
 from captioner.results.record import made_by as record_made_by
 from captioner.workflows.report import read_metrics
 
@@ -127,6 +128,11 @@ def run(kind: str, seed: int, ablation: bool, extra: list[str], resume: bool = F
     config = load_config(recipe, [*fine_tunes, *overrides])
     keys, probes = made_by(kind, ablation, extra)
     made = record_made_by(keys, probes)       # the settings and probes that make its numbers, as it starts
+    if not (save or restart) and (otherwise := entries_made_otherwise(RESULTS, "runs")):
+        otherwise.pop(name, None)                                       # its own entry is replaced
+        if otherwise:                                                   # refused now, not after hours of training
+            raise SystemExit(f"{made_otherwise_message(RESULTS_DIR / f'{RESULTS}.json', otherwise)}; drop them "
+                             f"with --restart where a recipe changed on purpose")
     ensure_features(recipe, config.data.features, [], ["train", "val"])
     started, cpu_started = time.perf_counter(), time.process_time()
     trained = train(config, resume=resume, overwrite=not resume)

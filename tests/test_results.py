@@ -12,8 +12,8 @@ from captioner.config import load_config, recipes
 from captioner.decoding.search import DecodeConfig
 from captioner.errors import CaptionerError
 from captioner.results import fingerprint
-from captioner.results.record import (add_entry, load_results, made_by, override_text, pin, pinned_key, result_settings,
-                                      save, settings_changes, why_stale, write_result)
+from captioner.results.record import (add_entry, entries_made_otherwise, load_results, made_by, override_text, pin,
+                                      pinned_key, result_settings, save, settings_changes, why_stale, write_result)
 from captioner.results.render import TABLE, pages, render_page, stale_results, table_differences
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -323,6 +323,35 @@ def test_a_changed_config_drops_only_the_entries_it_made(tmp_path, capsys):
     assert "dropping b: config 'demo_hard'" in capsys.readouterr().err
     assert list(record["settings"]) == ["demo_soft"] and list(record["fingerprint"]) == ["text"]   # what made a and c
     assert why_stale(record) == []
+
+
+def test_the_entries_made_otherwise_are_named_with_why_before_anything_is_added(tmp_path):
+    add_entry("timed", "entries", "a", {"seconds": 1.0}, configs=["demo_soft"], probes=["text"], results_dir=tmp_path)
+    add_entry("timed", "entries", "b", {"seconds": 2.0}, configs=["demo_hard"], probes=["text"], results_dir=tmp_path)
+    assert entries_made_otherwise("timed", "entries", tmp_path) == {}
+    assert entries_made_otherwise("untimed", "entries", tmp_path) == {}
+    record = json.loads((tmp_path / "timed.json").read_text())
+    record["settings"]["demo_hard"]["train.lr"] = 0.5
+    save(record, tmp_path)
+    found = entries_made_otherwise("timed", "entries", tmp_path)
+    assert list(found) == ["b"] and found["b"][0].startswith("config 'demo_hard': train.lr 0.5 ->")
+
+
+def test_a_study_run_refuses_to_start_beside_runs_made_otherwise_unless_restarted(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    study = load_script("flickr8k_study")
+    monkeypatch.setattr(study, "record_made_by", lambda keys, probes: {"settings": {}, "fingerprint": {}})
+    monkeypatch.setattr(study, "entries_made_otherwise",
+                        lambda name, section: {"soft_s1": ["config 'flickr8k_full_soft': train.epochs 12 -> 8"],
+                                               "soft_s0": ["its own entry: replaced"]})
+    with pytest.raises(SystemExit, match=r"soft_s1 were made otherwise: config 'flickr8k_full_soft': train.epochs "
+                                         r"12 -> 8; drop them with --restart"):
+        study.run("soft", 0, False, [])
+    started = []
+    monkeypatch.setattr(study, "ensure_features", lambda *args: started.append(args) or 1 / 0)
+    with pytest.raises(ZeroDivisionError):                   # restarted: on to its features, then training
+        study.run("soft", 0, False, [], restart=True)
+    assert started
 
 
 def test_an_entry_saved_without_its_makers_was_made_by_all_its_results(tmp_path):

@@ -165,13 +165,10 @@ def add_entry(name: str, section: str, key: str, entry: dict, *, configs: Sequen
     kept = {k: {**e, "made_by": e.get("made_by") or {"configs": list(saved["settings"]),
                                                       "probes": list(saved["fingerprint"])}}
             for k, e in (saved["result"][section] if saved else {}).items()}
-    stale = stale_parts(saved) if saved else {}
-    dropped = {k: [reason for part in (*e["made_by"]["configs"], *e["made_by"]["probes"])
-                   for reason in stale.get(part, [])] for k, e in kept.items()}
-    dropped = {k: reasons for k, reasons in dropped.items() if reasons and k != key}     # ``key`` is replaced
+    dropped = {k: reasons for k, reasons in entries_made_otherwise(name, section, results_dir).items()
+               if k != key}                                                           # ``key`` is replaced
     if dropped and keep_stale:
-        reasons = dict.fromkeys(reason for found in dropped.values() for reason in found)
-        raise CaptionerError(f"{path}: {', '.join(dropped)} were made otherwise: {'; '.join(reasons)}")
+        raise CaptionerError(made_otherwise_message(path, dropped))
     for k, reasons in dropped.items():
         print(f"{path}: dropping {k}: {'; '.join(reasons)}", file=sys.stderr)
         del kept[k]
@@ -183,6 +180,30 @@ def add_entry(name: str, section: str, key: str, entry: dict, *, configs: Sequen
                         configs=list(dict.fromkeys(c for made in used for c in made["configs"])),
                         probes=list(dict.fromkeys(p for made in used for p in made["probes"])),
                         results_dir=results_dir)
+
+
+def entries_made_otherwise(name: str, section: str, results_dir: Path = RESULTS_DIR) -> dict[str, list[str]]:
+    """The entries of the ``section`` mapping of the result ``name`` made with other settings or another behaviour
+    of the code than now (an entry saved without ``made_by`` was made by all its result's configs and probes), each
+    with why; empty where there is no such result."""
+    path = results_dir / f"{name}.json"
+    if not path.exists():
+        return {}
+    saved = json.loads(path.read_text())
+    stale = stale_parts(saved)
+    everything = {"configs": list(saved["settings"]), "probes": list(saved["fingerprint"])}
+    found = {}
+    for k, entry in saved["result"][section].items():
+        made = entry.get("made_by") or everything
+        if reasons := [reason for part in (*made["configs"], *made["probes"]) for reason in stale.get(part, [])]:
+            found[k] = reasons
+    return found
+
+
+def made_otherwise_message(path: Path, found: dict[str, list[str]]) -> str:
+    """One line naming the entries of ``path`` made otherwise (:func:`entries_made_otherwise`) and why."""
+    reasons = dict.fromkeys(reason for listed in found.values() for reason in listed)
+    return f"{path}: {', '.join(found)} were made otherwise: {'; '.join(reasons)}"
 
 
 def report(name: str, payload: dict, *, configs: Sequence[ConfigRef | str], probes: Sequence[str]) -> None:
