@@ -162,10 +162,8 @@ def add_entry(name: str, section: str, key: str, entry: dict, *, configs: Sequen
 
     path = results_dir / f"{name}.json"
     saved = json.loads(path.read_text()) if path.exists() else None
-    kept = {k: {**e, "made_by": e.get("made_by") or {"configs": list(saved["settings"]),
-                                                      "probes": list(saved["fingerprint"])}}
-            for k, e in (saved["result"][section] if saved else {}).items()}
-    dropped = {k: reasons for k, reasons in entries_made_otherwise(name, section, results_dir).items()
+    kept = entries_with_makers(saved, section) if saved else {}
+    dropped = {k: reasons for k, reasons in (made_otherwise(saved, section) if saved else {}).items()
                if k != key}                                                           # ``key`` is replaced
     if dropped and keep_stale:
         raise CaptionerError(made_otherwise_message(path, dropped))
@@ -182,22 +180,26 @@ def add_entry(name: str, section: str, key: str, entry: dict, *, configs: Sequen
                         results_dir=results_dir)
 
 
+def entries_with_makers(record: dict, section: str) -> dict[str, dict]:
+    """The entries of ``record``'s ``section`` mapping, each with its ``made_by`` (one saved without it was made by
+    all the result's configs and probes)."""
+    everything = {"configs": list(record["settings"]), "probes": list(record["fingerprint"])}
+    return {k: {**e, "made_by": e.get("made_by") or everything} for k, e in record["result"][section].items()}
+
+
+def made_otherwise(record: dict, section: str) -> dict[str, list[str]]:
+    """The entries of ``record``'s ``section`` mapping made with other settings or another behaviour of the code
+    than now, each with why."""
+    stale = stale_parts(record)
+    found = {k: [reason for part in (*e["made_by"]["configs"], *e["made_by"]["probes"])
+                 for reason in stale.get(part, [])] for k, e in entries_with_makers(record, section).items()}
+    return {k: reasons for k, reasons in found.items() if reasons}
+
+
 def entries_made_otherwise(name: str, section: str, results_dir: Path = RESULTS_DIR) -> dict[str, list[str]]:
-    """The entries of the ``section`` mapping of the result ``name`` made with other settings or another behaviour
-    of the code than now (an entry saved without ``made_by`` was made by all its result's configs and probes), each
-    with why; empty where there is no such result."""
+    """:func:`made_otherwise` of the result ``name``; empty where there is no such result."""
     path = results_dir / f"{name}.json"
-    if not path.exists():
-        return {}
-    saved = json.loads(path.read_text())
-    stale = stale_parts(saved)
-    everything = {"configs": list(saved["settings"]), "probes": list(saved["fingerprint"])}
-    found = {}
-    for k, entry in saved["result"][section].items():
-        made = entry.get("made_by") or everything
-        if reasons := [reason for part in (*made["configs"], *made["probes"]) for reason in stale.get(part, [])]:
-            found[k] = reasons
-    return found
+    return made_otherwise(json.loads(path.read_text()), section) if path.exists() else {}
 
 
 def made_otherwise_message(path: Path, found: dict[str, list[str]]) -> str:
@@ -303,6 +305,7 @@ def pin(record: dict, recipe: str) -> dict[str, str]:
     new; a config that cannot be pinned is left as it is (stale)."""
     renamed = {key: new for key, recorded in record["settings"].items()
                if ConfigRef.parse(key).recipe == recipe and (new := pinned_key(key, recorded)) not in (None, key)}
+    added = {old: ConfigRef.parse(new).overrides[len(ConfigRef.parse(old).overrides):] for old, new in renamed.items()}
     probes = {f"{kind} {old}": f"{kind} {new}" for old, new in renamed.items() for kind in ("train", "decode")}
     record["settings"] = {renamed.get(key, key): value for key, value in record["settings"].items()}
     record["fingerprint"] = {probes.get(name, name): value for name, value in record["fingerprint"].items()}
@@ -312,9 +315,7 @@ def pin(record: dict, recipe: str) -> dict[str, str]:
             if isinstance(entry, dict) and isinstance(entry.get("made_by"), dict):
                 made = entry["made_by"]
                 if isinstance(entry.get("overrides"), list):
-                    entry["overrides"] += [override for key in made["configs"] if key in renamed
-                                           for override in ConfigRef.parse(renamed[key]).overrides
-                                           if override not in ConfigRef.parse(key).overrides]
+                    entry["overrides"] += [override for key in made["configs"] for override in added.get(key, ())]
                 made["configs"] = [renamed.get(key, key) for key in made["configs"]]
                 made["probes"] = [probes.get(name, name) for name in made["probes"]]
     return renamed
