@@ -78,6 +78,10 @@ class TrainConfig:
     lr_gamma: float = setting(0.5, "lr_schedule step or plateau: by this factor", minimum=0)
     lr_patience: int = setting(2, "lr_schedule plateau: epochs without a train.metric gain before each decay",
                                minimum=1)
+    ema_decay: float = setting(
+        0.0, "validate, keep in best.pt and decode an exponential moving average of the weights, updated after every "
+        "step with this decay (shorter over the first steps: (1 + n) / (10 + n) at update n); the optimizer steps the "
+        "weights themselves. 0 = off", minimum=0, below=1)
     early_stopping: int = setting(5, "epochs without improvement of train.metric; 0 = never stop early", minimum=0)
     metric: str = setting("CIDEr", "the validation score that picks best.pt and early stopping",
                           choices=VALIDATION_METRICS)

@@ -175,6 +175,7 @@ def train_probe(config) -> dict:
     from captioner.objectives.losses import build_loss
     from captioner.objectives.scst import metric_reward
     from captioner.training import engine
+    from captioner.training.averaging import WeightAverage
     from captioner.training.distributed import World
 
     config = dataclasses.replace(config, train=dataclasses.replace(config.train, amp=False, compile=False))
@@ -194,7 +195,7 @@ def train_probe(config) -> dict:
                      net=model, loss=loss, optimizer=optimizer,
                      scheduler=engine.make_scheduler(optimizer, config, TRAIN_STEPS), scaler=torch.amp.GradScaler(
                          "cpu", enabled=False), loaders={}, val_set=None, self_critical=self_critical, start=start,
-                     logger=None,
+                     average=WeightAverage(model, train.ema_decay) if train.ema_decay else None, logger=None,
                      rank_batch=len(PROBE_CAPTIONS))
     state, stop = engine.TrainState(), type("NoStop", (), {"requested": False})()
     steps = []          # the objectives the run trains on, in its order: cross-entropy (warm start first), SCST
@@ -210,7 +211,11 @@ def train_probe(config) -> dict:
         engine.optimizer_step(run, state, losses, stop)
         out.append({"objective": objective + (" (expectation only)" if warm else ""), "losses": numbers(losses),
                     "gradient_norms": gradient_norms(model)})
-    return {"steps": out}
+    if run.average is None:
+        return {"steps": out}
+    with run.averaged():    # what validates and decodes
+        averaged = sorted((rounded(float(p.double().norm())) for p in run.average.params), reverse=True)
+    return {"steps": out, "averaged_weight_norms": averaged}
 
 
 def generations(generated) -> list[dict]:

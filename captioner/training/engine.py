@@ -17,7 +17,7 @@ import dataclasses
 import logging
 import math
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
@@ -57,6 +57,7 @@ from captioner.training.distributed import (
     setup,
     teardown,
 )
+from captioner.training.averaging import WeightAverage
 from captioner.training.features import cache_features
 from captioner.training.precision import Precision, amp_dtype, autocast, choose_precision, precision_name
 from captioner.training.run_io import GracefulStop, MetricsLogger
@@ -105,6 +106,7 @@ class Run:
     val_set: CaptionDataset
     self_critical: SelfCritical | None
     start: Captioner | None         # train.product_weight: the frozen start, the model's partner in the product
+    average: WeightAverage | None   # train.ema_decay: the moving average of the weights
     logger: MetricsLogger
     rank_batch: int
     started: float = field(default_factory=time.perf_counter)
@@ -116,16 +118,27 @@ class Run:
         """``xe`` or ``scst``: what the epoch after ``state.epoch`` finished ones optimises."""
         return "scst" if state.scst_from is not None and state.epoch >= state.scst_from else "xe"
 
+    def averaged(self):
+        """A block in which the model holds its weights' moving average (``train.ema_decay``), if it keeps one."""
+        return self.average.applied() if self.average is not None else nullcontext()
+
     def save(self, state: TrainState, name: str = "last") -> None:
-        """Write ``{name}.pt`` (rank 0 only), the training time so far included."""
+        """Write ``{name}.pt`` (rank 0 only), the training time so far included. Its ``model`` is the model that
+        validates, the weights' moving average when the run keeps one; the weights themselves are then ``trained``
+        (what a resumed run steps on from)."""
         state.train_seconds = self.seconds_before + time.perf_counter() - self.started
         if not self.world.is_main:
             return
-        save_checkpoint({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                         "scheduler": self.scheduler.state_dict(), "loss": self.loss.state_dict(),
-                         "progress": asdict(state), "rng": rng_state(), "vocab": self.vocab.to_dict(),
-                         "config": self.config.to_dict(), "captioner_version": __version__,
-                         "trained_on": self.trained_on}, self.dir / f"{name}.pt")
+        payload = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                   "loss": self.loss.state_dict(), "progress": asdict(state), "rng": rng_state(),
+                   "vocab": self.vocab.to_dict(), "config": self.config.to_dict(), "captioner_version": __version__,
+                   "trained_on": self.trained_on}
+        if self.average is not None:
+            payload["trained"] = {"weights": {name: p.detach().clone() for name, p in self.model.named_parameters()
+                                              if p.requires_grad},
+                                  "average_updates": self.average.updates}
+        with self.averaged():
+            save_checkpoint({"model": self.model.state_dict(), **payload}, self.dir / f"{name}.pt")
 
 
 def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool, world: World) -> None:
@@ -283,6 +296,8 @@ def begin_self_critical(run: "Run", state: "TrainState") -> None:
     best = run.dir / "best.pt"
     if best.exists():
         run.model.load_state_dict(model_and_loss_states(load_checkpoint(best))[0])
+        if run.average is not None:
+            run.average.reset()
         if run.world.is_main:
             atomic_write(run.dir / "cross_entropy.pt", lambda handle: handle.write(best.read_bytes()))
     self_critical_optimizer(run)
@@ -356,6 +371,7 @@ def build_run(config: Config, world: World, device: torch.device, checkpoint: di
                scaler=torch.amp.GradScaler(device.type, enabled=train.amp is not False and amp_dtype(device) == torch.float16),
                loaders=loaders, val_set=make_dataset(config.data, val_records, vocab, model.encoder, pairs=False),
                self_critical=self_critical, start=start,
+               average=WeightAverage(model, train.ema_decay) if train.ema_decay else None,
                logger=MetricsLogger(Path(config.run.out), config, resume=checkpoint is not None,
                                     enabled=world.is_main),
                rank_batch=rank_batch, trained_on=data_record(data))
@@ -491,6 +507,12 @@ def restore(run: Run, checkpoint: dict) -> TrainState:
     """Load a checkpoint's weights, optimizer, schedule, loss state and random state into ``run``."""
     model_state, loss_state = model_and_loss_states(checkpoint)
     run.model.load_state_dict(model_state)
+    if run.average is not None:     # the checkpoint's model is the average, and its trained weights are apart
+        trained = checkpoint["trained"]
+        run.average.reset(trained["average_updates"])
+        unexpected = run.model.load_state_dict(trained["weights"], strict=False).unexpected_keys
+        if unexpected:
+            raise CaptionerError(f"{run.dir / 'last.pt'}: trained weights the model does not have: {unexpected[:3]}")
     if loss_state:
         run.loss.load_state_dict(loss_state)
     known = {f.name for f in fields(TrainState)}
@@ -565,6 +587,8 @@ def optimizer_step(run: Run, state: TrainState, losses: dict, stop: GracefulStop
     run.scaler.step(run.optimizer)
     run.scaler.update()
     run.scheduler.step()
+    if run.average is not None:
+        run.average.update()
     state.step += 1
     return global_words, bool(stopping_ranks or stop.requested and not world.distributed)
 
@@ -656,7 +680,8 @@ def end_epoch(run: Run, state: TrainState) -> bool:
         raise CaptionerError(f"{run.dir}: a whole epoch without one training step: every batch was skipped "
                              f"({len(state.skipped_images)} unreadable images, named above and in metrics.jsonl)")
     started = time.perf_counter()
-    scores = validate(run.model, run.val_set, run.vocab, run.config, run.world)
+    with run.averaged():
+        scores = validate(run.model, run.val_set, run.vocab, run.config, run.world)
     val_seconds = time.perf_counter() - started
     state.epoch += 1
     state.batch_in_epoch = 0
