@@ -590,3 +590,61 @@ def test_a_study_run_that_fine_tunes_another_is_made_by_both_and_waits_for_it(mo
     monkeypatch.setattr(study, "load_results", lambda: saved)          # saved, on another machine
     with pytest.raises(SystemExit, match="which is not on this machine"):
         study.run("transformer_scst_words", 7, False, [])
+
+
+def test_a_decoding_sweep_keys_each_entry_by_the_runs_training_and_its_decoding_and_refuses_runs_made_otherwise(
+        monkeypatch, tmp_path):
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    sweep = load_script("flickr8k_decoding")
+    trial = {"run": "soft_s2_ema", "recipe": "flickr8k_full_soft", "kind": "soft", "ablation": False, "seed": 2,
+             "overrides": ["run.seed=2", "train.ema_decay=0.999"]}
+    saved = {"flickr8k_trials": {"result": {"runs": {"soft_s2_ema": trial,
+                                                     "soft_none_s0": {**trial, "ablation": True}}}}}
+    (tmp_path / "soft_s2_ema").mkdir()
+    (tmp_path / "soft_s2_ema" / "best.pt").write_bytes(b"")
+    monkeypatch.setattr(sweep, "RUNS", tmp_path)
+    monkeypatch.setattr(sweep, "load_results", lambda: saved)
+    monkeypatch.setattr(sweep, "entries_made_otherwise", lambda name, section: {})
+    scores = {"images": 1000, **{m: 0.5 for m in sweep.METRICS},
+              "diversity": {"vocabulary_used": 300, "distinct_captions": 0.8, "mean_length": 9.5}}
+    decoded, added = [], []
+    monkeypatch.setattr(sweep, "evaluate_checkpoint", lambda checkpoint, split, **kw: decoded.append(kw) or scores)
+    monkeypatch.setattr(sweep, "add_entry", lambda *args, **kw: added.append((args, kw)))
+    sweep.decode("soft_s2_ema", "beam 5, length penalty 0.5")
+    assert decoded[0]["overrides"] == ["decode.beam=5", "decode.length_penalty=0.5"]
+    (name, section, key, entry), made = added[0]
+    assert (name, section, key) == ("flickr8k_decoding", "runs", "soft_s2_ema | beam 5, length penalty 0.5")
+    assert entry["trial"] == ["train.ema_decay=0.999"] and entry["source"] == "flickr8k_trials"
+    assert made["configs"] == ["flickr8k_full_soft train.ema_decay=0.999",
+                               "flickr8k_full_soft train.ema_decay=0.999 decode.beam=5 decode.length_penalty=0.5"]
+    assert "train flickr8k_full_soft train.ema_decay=0.999" in made["probes"]
+    assert made["probes"][-1] == "decode flickr8k_full_soft train.ema_decay=0.999 decode.beam=5 decode.length_penalty=0.5"
+    with pytest.raises(SystemExit, match="soft_none_s0: an ablation"):
+        sweep.study_entry("soft_none_s0")
+    with pytest.raises(SystemExit, match="soft_s9: no such run"):
+        sweep.study_entry("soft_s9")
+    monkeypatch.setattr(sweep, "entries_made_otherwise",
+                        lambda name, section: {"soft_s2_ema": ["config 'flickr8k_full_soft': train.epochs 12 -> 8"]})
+    with pytest.raises(SystemExit, match="made otherwise than its recipe now says .*train.epochs 12 -> 8"):
+        sweep.study_entry("soft_s2_ema")
+
+
+def test_the_decoding_table_sets_each_setting_against_the_recipes_own_decoding_of_the_same_checkpoint():
+    from captioner.results.tables import flickr8k_decoding
+
+    def entry(run, decoding, cider, words, trial=()):
+        return {"run": run, "recipe": "flickr8k_full_soft", "trial": list(trial), "seed": int(run[-1]),
+                "decoding": decoding, "decode_seconds": 60.0, "val": {"BLEU-4": 0.2, "METEOR": 0.19, "CIDEr": cider},
+                "diversity": {"vocabulary_used": words, "distinct_captions": 0.8, "mean_length": 9.6}}
+
+    runs = [entry("soft_s0", "the recipe's", 0.46, 240), entry("soft_s0", "beam 5", 0.48, 250),
+            entry("soft_s1", "the recipe's", 0.50, 350), entry("soft_s1", "beam 5", 0.51, 360),
+            entry("soft_s2", "beam 5", 0.40, 100, ["train.ema_decay=0.999"])]
+    lines = flickr8k_decoding({"runs": {f"{e['run']} | {e['decoding']}": e for e in runs}})
+    assert lines[2].startswith("| `soft_s0` | the recipe's |") and "| +0.000 |" in lines[2]
+    assert lines[3].startswith("| `soft_s0` | beam 5 |") and "| +0.020 |" in lines[3]
+    assert "| – |" in lines[6]                                         # no recipe's decoding of that run
+    assert lines[7] == "| `flickr8k_full_soft`, mean of 2 seeds | the recipe's | 0.200 ± 0.000 | 0.190 ± 0.000 | " \
+                       "0.480 ± 0.020 | +0.000 | 295 ± 55 |  |  |  |"
+    assert lines[8].startswith("| `flickr8k_full_soft`, mean of 2 seeds | beam 5 |") and "| +0.015 |" in lines[8]
+    assert len(lines) == 9                                             # one seed of the trial: no mean row

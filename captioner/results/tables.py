@@ -378,6 +378,43 @@ def flickr8k_ensembles(result: dict) -> list[str]:
     return lines
 
 
+def flickr8k_decoding(result: dict) -> list[str]:
+    """The Flickr8k study's runs (and trials) decoded with other settings (``scripts/flickr8k_decoding.py``) on the
+    1,000 validation photos: a row per run and setting, its CIDEr beside the recipe's own decoding of the same
+    checkpoint, then for each recipe (or trial) and setting decoded on several seeds their mean ± half the range."""
+    entries = sorted(result["runs"].values(), key=lambda e: (e["run"], e["decoding"] != "the recipe's", e["decoding"]))
+    own = {e["run"]: e["val"]["CIDEr"] for e in entries if e["decoding"] == "the recipe's"}
+
+    def gain(entry: dict) -> str:
+        return "–" if entry["run"] not in own else f"{entry['val']['CIDEr'] - own[entry['run']]:+.3f}"
+
+    lines = header("run", "decoding", "BLEU-4", "METEOR", "CIDEr", "CIDEr gain", "words used", "distinct",
+                   "mean length", "decode s")
+    for e in entries:
+        d = e["diversity"]
+        lines.append(row(f"`{e['run']}`", e["decoding"], number(e["val"]["BLEU-4"]), number(e["val"]["METEOR"]),
+                         number(e["val"]["CIDEr"]), gain(e), d["vocabulary_used"], number(d["distinct_captions"], 2),
+                         number(d["mean_length"], 1), number(e["decode_seconds"], 0)))
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for e in entries:   # a recipe's seeds, or a trial's (the recipe with the same changes)
+        trained = " ".join([f"`{e['recipe']}`", *(f"`{o}`" for o in e["trial"])])
+        groups.setdefault((trained, e["decoding"]), []).append(e)
+    def spread(values: list[float], digits: int = 3) -> str:
+        mean, half = sum(values) / len(values), (max(values) - min(values)) / 2
+        return f"{mean:.{digits}f} ± {half:.{digits}f}"
+
+    for (trained, decoding), group in groups.items():
+        if len(group) < 2:
+            continue
+        gains = [e["val"]["CIDEr"] - own[e["run"]] for e in group if e["run"] in own]
+        lines.append(row(f"{trained}, mean of {len(group)} seeds", decoding,
+                         *(spread([e["val"][m] for e in group]) for m in ("BLEU-4", "METEOR", "CIDEr")),
+                         f"{sum(gains) / len(gains):+.3f}" if len(gains) == len(group) else "–",
+                         spread([e["diversity"]["vocabulary_used"] for e in group], 0),
+                         "", "", ""))
+    return lines
+
+
 def cuda_check(result: dict) -> list[str]:
     """``scripts/cuda_check.sh`` on a GPU machine: each step's exit status and time, with what it measured."""
     training, bench = result["training"], result["benchmarks"]
@@ -425,4 +462,4 @@ TABLES: dict[str, Callable[[dict], list[str]]] = {
     "recipe_times": recipe_times, "flickr8k_ensembles": flickr8k_ensembles, "own_photos": own_photos,
     "scst_diagnosis": scst_diagnosis, "scst_diagnosis_full": scst_diagnosis, "cuda_check": cuda_check,
     "marginal_attention": marginal_attention, "flickr8k_trials": flickr8k_trials,
-    "recipe_speed": recipe_speed, "process_setup": process_setup}
+    "recipe_speed": recipe_speed, "process_setup": process_setup, "flickr8k_decoding": flickr8k_decoding}
