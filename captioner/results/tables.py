@@ -399,6 +399,7 @@ def flickr8k_decoding(result: dict) -> list[str]:
     for e in entries:   # a recipe's seeds, or a trial's (the recipe with the same changes)
         trained = " ".join([f"`{e['recipe']}`", *(f"`{o}`" for o in e["trial"])])
         groups.setdefault((trained, e["decoding"]), []).append(e)
+
     def spread(values: list[float], digits: int = 3) -> str:
         mean, half = sum(values) / len(values), (max(values) - min(values)) / 2
         return f"{mean:.{digits}f} ± {half:.{digits}f}"
