@@ -214,7 +214,7 @@ def train_probe(config) -> dict:
     if run.average is None:
         return {"steps": out}
     with run.averaged():    # what validates and decodes
-        averaged = sorted((rounded(float(p.double().norm())) for p in run.average.params), reverse=True)
+        averaged = sorted((rounded(float(p.detach().double().norm())) for p in run.average.params), reverse=True)
     return {"steps": out, "averaged_weight_norms": averaged}
 
 
