@@ -81,3 +81,23 @@ def test_resume_with_an_average_equals_uninterrupted(tiny_coco, tmp_path, object
     assert full["trained"]["average_updates"] == split["trained"]["average_updates"]
     if objective:       # the average starts again at the switch, from the best cross-entropy weights
         assert full["trained"]["average_updates"] == full["progress"]["step"] - 5
+
+
+@pytest.mark.parametrize("first, then", [(0.0, 0.9), (0.9, 0.0)], ids=["switched on", "switched off"])
+def test_the_average_switched_at_a_resume_leaves_the_trained_weights_as_uninterrupted(tiny_coco, tmp_path, monkeypatch,
+                                                                                    first, then):
+    monkeypatch.setattr(engine, "validate", lambda *args, **kwargs: {"CIDEr": 0.0})
+
+    def trained_weights(checkpoint):        # the weights the optimizer steps, wherever the checkpoint keeps them
+        return checkpoint["trained"]["weights"] if "trained" in checkpoint else checkpoint["model"]
+
+    train(tiny_config(tiny_coco, tmp_path / "full", train={"lr": 0.01, "epochs": 2, "ema_decay": then}))
+    train(tiny_config(tiny_coco, tmp_path / "split", train={"lr": 0.01, "epochs": 1, "ema_decay": first}))
+    train(tiny_config(tiny_coco, tmp_path / "split", train={"lr": 0.01, "epochs": 2, "ema_decay": then}), resume=True)
+    full, split = (load_checkpoint(tmp_path / name / "last.pt") for name in ("full", "split"))
+    want, got = trained_weights(full), trained_weights(split)
+    assert all(torch.equal(got[k], want[k]) for k in want)     # the average never steers the training
+    if then:                                                    # it starts at the resume, from the weights then
+        assert split["trained"]["average_updates"] == 5 < full["trained"]["average_updates"]
+    else:
+        assert "trained" not in split

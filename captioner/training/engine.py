@@ -507,9 +507,10 @@ def restore(run: Run, checkpoint: dict) -> TrainState:
     """Load a checkpoint's weights, optimizer, schedule, loss state and random state into ``run``."""
     model_state, loss_state = model_and_loss_states(checkpoint)
     run.model.load_state_dict(model_state)
-    if run.average is not None:     # the checkpoint's model is the average, and its trained weights are apart
-        trained = checkpoint["trained"]
-        run.average.reset(trained["average_updates"])
+    trained = checkpoint.get("trained")     # saved with an average: the model is the average, the weights apart
+    if run.average is not None:             # switched on at this resume: the average starts from the weights
+        run.average.reset(trained["average_updates"] if trained else 0)
+    if trained:
         unexpected = run.model.load_state_dict(trained["weights"], strict=False).unexpected_keys
         if unexpected:
             raise CaptionerError(f"{run.dir / 'last.pt'}: trained weights the model does not have: {unexpected[:3]}")
