@@ -22,6 +22,7 @@ import time
 from flickr8k_study import RESULTS, RUNS
 from flickr8k_study import made_by as study_made_by
 
+from captioner.checkpoint import load_checkpoint
 from captioner.core.console import LOG_FORMAT
 from captioner.core.process import set_up_process
 from captioner.results.fingerprint import ConfigRef, probe_name
@@ -56,8 +57,13 @@ def study_entry(run: str) -> tuple[str, dict]:
                          f"({'; '.join(reasons)}); train it again with scripts/flickr8k_study.py")
     if saved[run].get("after") or saved[run]["ablation"]:
         raise SystemExit(f"{run}: an ablation or a run fine-tuned from another; decode the recipes' own runs")
-    if not (RUNS / run / "best.pt").exists():
-        raise SystemExit(f"{RUNS / run / 'best.pt'}: not on this machine (scripts/flickr8k_study.py trains it)")
+    best = RUNS / run / "best.pt"
+    if not best.exists():
+        raise SystemExit(f"{best}: not on this machine (scripts/flickr8k_study.py trains it)")
+    (metric, score), = saved[run]["best_val_metric"].items()
+    if round(load_checkpoint(best)["progress"]["best"], 4) != score:
+        raise SystemExit(f"{best}: not the checkpoint of the run saved in {source}.json (its best validation {metric} "
+                         f"differs from the saved {score}): trained again since, and not saved")
     return source, saved[run]
 
 

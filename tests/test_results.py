@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from captioner.checkpoint import save_checkpoint
 from captioner.config import load_config, recipes
 from captioner.decoding.search import DecodeConfig
 from captioner.errors import CaptionerError
@@ -597,11 +598,12 @@ def test_a_decoding_sweep_keys_each_entry_by_the_runs_training_and_its_decoding_
     monkeypatch.syspath_prepend(str(ROOT / "scripts"))
     sweep = load_script("flickr8k_decoding")
     trial = {"run": "soft_s2_ema", "recipe": "flickr8k_full_soft", "kind": "soft", "ablation": False, "seed": 2,
-             "overrides": ["run.seed=2", "train.ema_decay=0.999"]}
+             "overrides": ["run.seed=2", "train.ema_decay=0.999"], "best_val_metric": {"CIDEr": 0.5271}}
     saved = {"flickr8k_trials": {"result": {"runs": {"soft_s2_ema": trial,
                                                      "soft_none_s0": {**trial, "ablation": True}}}}}
     (tmp_path / "soft_s2_ema").mkdir()
-    (tmp_path / "soft_s2_ema" / "best.pt").write_bytes(b"")
+    best = tmp_path / "soft_s2_ema" / "best.pt"
+    save_checkpoint({"model": {}, "vocab": {}, "config": {}, "progress": {"best": 0.52712}}, best)
     monkeypatch.setattr(sweep, "RUNS", tmp_path)
     monkeypatch.setattr(sweep, "load_results", lambda: saved)
     monkeypatch.setattr(sweep, "entries_made_otherwise", lambda name, section: {})
@@ -623,6 +625,9 @@ def test_a_decoding_sweep_keys_each_entry_by_the_runs_training_and_its_decoding_
         sweep.study_entry("soft_none_s0")
     with pytest.raises(SystemExit, match="soft_s9: no such run"):
         sweep.study_entry("soft_s9")
+    save_checkpoint({"model": {}, "vocab": {}, "config": {}, "progress": {"best": 0.5302}}, best)   # trained again
+    with pytest.raises(SystemExit, match="best.pt: not the checkpoint of the run saved in flickr8k_trials.json"):
+        sweep.study_entry("soft_s2_ema")
     monkeypatch.setattr(sweep, "entries_made_otherwise",
                         lambda name, section: {"soft_s2_ema": ["config 'flickr8k_full_soft': train.epochs 12 -> 8"]})
     with pytest.raises(SystemExit, match="made otherwise than its recipe now says .*train.epochs 12 -> 8"):
@@ -645,6 +650,6 @@ def test_the_decoding_table_sets_each_setting_against_the_recipes_own_decoding_o
     assert lines[3].startswith("| `soft_s0` | beam 5 |") and "| +0.020 |" in lines[3]
     assert "| – |" in lines[6]                                         # no recipe's decoding of that run
     assert lines[7] == "| `flickr8k_full_soft`, mean of 2 seeds | the recipe's | 0.200 ± 0.000 | 0.190 ± 0.000 | " \
-                       "0.480 ± 0.020 | +0.000 | 295 ± 55 |  |  |  |"
+                       "0.480 ± 0.020 | – | 295 ± 55 |  |  |  |"
     assert lines[8].startswith("| `flickr8k_full_soft`, mean of 2 seeds | beam 5 |") and "| +0.015 |" in lines[8]
     assert len(lines) == 9                                             # one seed of the trial: no mean row

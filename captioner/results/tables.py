@@ -400,18 +400,15 @@ def flickr8k_decoding(result: dict) -> list[str]:
         trained = " ".join([f"`{e['recipe']}`", *(f"`{o}`" for o in e["trial"])])
         groups.setdefault((trained, e["decoding"]), []).append(e)
 
-    def spread(values: list[float], digits: int = 3) -> str:
-        mean, half = sum(values) / len(values), (max(values) - min(values)) / 2
-        return f"{mean:.{digits}f} ± {half:.{digits}f}"
-
     for (trained, decoding), group in groups.items():
         if len(group) < 2:
             continue
         gains = [e["val"]["CIDEr"] - own[e["run"]] for e in group if e["run"] in own]
         lines.append(row(f"{trained}, mean of {len(group)} seeds", decoding,
-                         *(spread([e["val"][m] for e in group]) for m in ("BLEU-4", "METEOR", "CIDEr")),
-                         f"{sum(gains) / len(gains):+.3f}" if len(gains) == len(group) else "–",
-                         spread([e["diversity"]["vocabulary_used"] for e in group], 0),
+                         *(mean_spread([e["val"][m] for e in group]) for m in ("BLEU-4", "METEOR", "CIDEr")),
+                         f"{sum(gains) / len(gains):+.3f}" if decoding != "the recipe's" and len(gains) == len(group)
+                         else "–",
+                         mean_spread([e["diversity"]["vocabulary_used"] for e in group], 0),
                          "", "", ""))
     return lines
 

@@ -296,10 +296,10 @@ def begin_self_critical(run: "Run", state: "TrainState") -> None:
     best = run.dir / "best.pt"
     if best.exists():
         run.model.load_state_dict(model_and_loss_states(load_checkpoint(best))[0])
-        if run.average is not None:
-            run.average.reset()
         if run.world.is_main:
             atomic_write(run.dir / "cross_entropy.pt", lambda handle: handle.write(best.read_bytes()))
+    if run.average is not None:     # SCST averages its own steps, from its start
+        run.average.reset()
     self_critical_optimizer(run)
     state.scst_from, state.stage_best, state.stale = state.epoch, float("-inf"), 0
     tqdm.write(f"self-critical training from epoch {state.epoch + 1}, from the best cross-entropy epoch "
@@ -508,12 +508,15 @@ def restore(run: Run, checkpoint: dict) -> TrainState:
     model_state, loss_state = model_and_loss_states(checkpoint)
     run.model.load_state_dict(model_state)
     trained = checkpoint.get("trained")     # saved with an average: the model is the average, the weights apart
-    if run.average is not None:             # switched on at this resume: the average starts from the weights
+    if run.average is not None:             # the average is the saved model (saved without one: the weights)
         run.average.reset(trained["average_updates"] if trained else 0)
     if trained:
-        unexpected = run.model.load_state_dict(trained["weights"], strict=False).unexpected_keys
-        if unexpected:
-            raise CaptionerError(f"{run.dir / 'last.pt'}: trained weights the model does not have: {unexpected[:3]}")
+        loaded = run.model.load_state_dict(trained["weights"], strict=False)
+        missing = [name for name in loaded.missing_keys if name in dict(run.model.named_parameters())
+                   and run.model.get_parameter(name).requires_grad]
+        if loaded.unexpected_keys or missing:
+            raise CaptionerError(f"{run.dir / 'last.pt'}: its trained weights do not match the model "
+                                 f"(unexpected: {loaded.unexpected_keys[:3]}, missing: {missing[:3]})")
     if loss_state:
         run.loss.load_state_dict(loss_state)
     known = {f.name for f in fields(TrainState)}
