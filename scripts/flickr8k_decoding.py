@@ -67,9 +67,9 @@ def study_entry(run: str) -> tuple[str, dict]:
     return source, saved[run]
 
 
-def decode(run: str, decoding: str) -> dict:
-    """Score ``run``'s best checkpoint on the validation photos with ``decoding``; save and return the entry."""
-    source, entry = study_entry(run)
+def decode(run: str, source: str, entry: dict, decoding: str) -> dict:
+    """Score ``run``'s best checkpoint (its ``entry`` in the result ``source``: :func:`study_entry`) on the validation
+    photos with ``decoding``; save and return the entry."""
     trial = [o for o in entry["overrides"] if not o.startswith("run.seed=")]   # a trial's changes to its recipe
     overrides = DECODINGS[decoding]
     started = time.perf_counter()
@@ -96,11 +96,10 @@ def main() -> None:
                         help="the settings to decode with (default: all)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
-    for run in args.runs:
-        study_entry(run)            # every run refused before the first is decoded
-    for run in args.runs:
+    studied = {run: study_entry(run) for run in args.runs}     # every run refused before the first is decoded
+    for run, (source, entry) in studied.items():
         for decoding in args.decodings:
-            result = decode(run, decoding)
+            result = decode(run, source, entry, decoding)
             print(f"{run} | {decoding}: CIDEr {result['val']['CIDEr']:.4f}, BLEU-4 {result['val']['BLEU-4']:.4f}, "
                   f"METEOR {result['val']['METEOR']:.4f}, {result['diversity']['vocabulary_used']} words "
                   f"({result['decode_seconds']:.0f} s)", flush=True)

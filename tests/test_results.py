@@ -612,7 +612,7 @@ def test_a_decoding_sweep_keys_each_entry_by_the_runs_training_and_its_decoding_
     decoded, added = [], []
     monkeypatch.setattr(sweep, "evaluate_checkpoint", lambda checkpoint, split, **kw: decoded.append(kw) or scores)
     monkeypatch.setattr(sweep, "add_entry", lambda *args, **kw: added.append((args, kw)))
-    sweep.decode("soft_s2_ema", "beam 5, length penalty 0.5")
+    sweep.decode("soft_s2_ema", *sweep.study_entry("soft_s2_ema"), "beam 5, length penalty 0.5")
     assert decoded[0]["overrides"] == ["decode.beam=5", "decode.length_penalty=0.5"]
     (name, section, key, entry), made = added[0]
     assert (name, section, key) == ("flickr8k_decoding", "runs", "soft_s2_ema | beam 5, length penalty 0.5")

@@ -512,8 +512,8 @@ def restore(run: Run, checkpoint: dict) -> TrainState:
         run.average.reset(trained["average_updates"] if trained else 0)
     if trained:
         loaded = run.model.load_state_dict(trained["weights"], strict=False)
-        missing = [name for name in loaded.missing_keys if name in dict(run.model.named_parameters())
-                   and run.model.get_parameter(name).requires_grad]
+        trainable = {name for name, p in run.model.named_parameters() if p.requires_grad}
+        missing = [name for name in loaded.missing_keys if name in trainable]
         if loaded.unexpected_keys or missing:
             raise CaptionerError(f"{run.dir / 'last.pt'}: its trained weights do not match the model "
                                  f"(unexpected: {loaded.unexpected_keys[:3]}, missing: {missing[:3]})")
