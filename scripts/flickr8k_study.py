@@ -46,6 +46,7 @@ from coco_mini import COCO_MINI, coco_mini_features, coco_mini_overrides
 from captioner.config import load_config, recipes
 from captioner.core.console import LOG_FORMAT
 from captioner.core.process import set_up_process
+from captioner.data.feature_cache import cache_is_complete
 from captioner.errors import CaptionerError
 from captioner.results.fingerprint import ConfigRef, probe_name
 from captioner.results.record import (RESULTS_DIR, add_entry, entries_made_otherwise, load_results,
@@ -86,8 +87,8 @@ def made_by(kind: str, ablation: bool, extra: Sequence[str] = ()) -> tuple[list[
 
 
 def ensure_features(recipe: Path, features: str, overrides: list[str], splits: list[str]) -> None:
-    """Cache the recipe's encoder's features once (the CLI's cache-features)."""
-    if not (Path(features) / "meta.json").exists():
+    """Cache the recipe's encoder's features once (the CLI's cache-features), or finish a cache left unfinished."""
+    if not cache_is_complete(features):
         subprocess.run([sys.executable, "-m", "captioner", "cache-features", str(recipe), *overrides,
                         f"data.features={features}", "--splits", *splits], check=True)
 

@@ -132,6 +132,7 @@ def test_a_behaviour_change_makes_the_results_it_shapes_stale_naming_the_probe(t
     term = losses.doubly_stochastic_term
     monkeypatch.setattr(losses, "doubly_stochastic_term", lambda *args, **kwargs: 2 * term(*args, **kwargs))
     monkeypatch.setattr(fingerprint, "_compute", fingerprint._compute.__wrapped__)     # no cached probe values
+    monkeypatch.setattr(fingerprint, "_FITS", type(fingerprint._FITS)())                 # nor fitted models
     found = stale_results(tmp_path)
     assert len(found) == 1 and found[0].startswith(
         f"{tmp_path.name}/soft.json is stale: probe 'train flickr8k_full_soft' computes other numbers: steps.0.")
@@ -168,6 +169,26 @@ def test_a_probe_computes_the_same_numbers_with_another_cpus_kernels(probe):
     done = subprocess.run([sys.executable, "-c", script], env=os.environ | KERNELS, capture_output=True, text=True,
                           check=True)
     assert fingerprint.differences(fingerprint.compute(probe), json.loads(done.stdout)) == []
+
+
+def test_a_fit_kept_from_one_probe_serves_another_of_the_same_model_as_a_new_fit_would(monkeypatch):
+    """Decode probes of one model that differ in their decoding share its fit, with the numbers of a new fit; a
+    second fit after the first (an ensemble's second member of the same recipe) starts from another random state
+    and is made anew."""
+    monkeypatch.setattr(fingerprint, "_FITS", type(fingerprint._FITS)())
+    uncached = fingerprint._compute.__wrapped__
+    greedy = "decode demo_soft data.features=features decode.beam=1"
+    uncached("decode demo_soft data.features=features")
+    assert len(fingerprint._FITS) == 1
+    served = uncached(greedy)
+    assert len(fingerprint._FITS) == 1
+    fingerprint._FITS.clear()
+    assert uncached(greedy) == served
+    config, vocab = fingerprint.ConfigRef.parse("demo_soft data.features=features").load(), fingerprint.probe_vocabulary()
+    with fingerprint.probe_conditions():
+        fingerprint.fitted_model(config, vocab)
+        fingerprint.fitted_model(config, vocab)                 # as an ensemble's second member of the same recipe
+    assert len(fingerprint._FITS) == 2
 
 
 def test_probes_run_in_float64_and_restore_the_default_dtype():
