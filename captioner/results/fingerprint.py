@@ -271,8 +271,9 @@ def fitted_model(config, vocab):
 
 
 FITS_KEPT = 8
-"""Fitted models :func:`fitted_model` keeps (the least recently used go first): decode probes of one model that
-differ in their training or decoding settings, and ensembles of those models, fit it once."""
+"""Fits :func:`fitted_model` keeps (the least recently used go first), so that the decode probes of one model that
+differ in their training or decoding settings, and an ensemble's first member, fit it once. Within a process the
+code does not change; a test that changes its behaviour clears these with the cached probe values."""
 _FITS: collections.OrderedDict = collections.OrderedDict()
 
 
