@@ -385,15 +385,18 @@ def flickr8k_decoding(result: dict) -> list[str]:
     entries = sorted(result["runs"].values(), key=lambda e: (e["run"], e["decoding"] != "the recipe's", e["decoding"]))
     own = {e["run"]: e["val"]["CIDEr"] for e in entries if e["decoding"] == "the recipe's"}
 
-    def gain(entry: dict) -> str:
-        return "–" if entry["run"] not in own else f"{entry['val']['CIDEr'] - own[entry['run']]:+.3f}"
+    def gain(entry: dict) -> float | None:
+        return entry["val"]["CIDEr"] - own[entry["run"]] if entry["run"] in own else None
+
+    def signed(value: float | None) -> str:
+        return "–" if value is None else f"{value:+.3f}"
 
     lines = header("run", "decoding", "BLEU-4", "METEOR", "CIDEr", "CIDEr gain", "words used", "distinct",
                    "mean length", "decode s")
     for e in entries:
         d = e["diversity"]
         lines.append(row(f"`{e['run']}`", e["decoding"], number(e["val"]["BLEU-4"]), number(e["val"]["METEOR"]),
-                         number(e["val"]["CIDEr"]), gain(e), d["vocabulary_used"], number(d["distinct_captions"], 2),
+                         number(e["val"]["CIDEr"]), signed(gain(e)), d["vocabulary_used"], number(d["distinct_captions"], 2),
                          number(d["mean_length"], 1), number(e["decode_seconds"], 0)))
     groups: dict[tuple[str, str], list[dict]] = {}
     for e in entries:   # a recipe's seeds, or a trial's (the recipe with the same changes)
@@ -403,11 +406,11 @@ def flickr8k_decoding(result: dict) -> list[str]:
     for (trained, decoding), group in groups.items():
         if len(group) < 2:
             continue
-        gains = [e["val"]["CIDEr"] - own[e["run"]] for e in group if e["run"] in own]
+        gains = [gain(e) for e in group]
+        mean_gain = None if decoding == "the recipe's" or None in gains else sum(gains) / len(gains)
         lines.append(row(f"{trained}, mean of {len(group)} seeds", decoding,
                          *(mean_spread([e["val"][m] for e in group]) for m in ("BLEU-4", "METEOR", "CIDEr")),
-                         f"{sum(gains) / len(gains):+.3f}" if decoding != "the recipe's" and len(gains) == len(group)
-                         else "–",
+                         signed(mean_gain),
                          mean_spread([e["diversity"]["vocabulary_used"] for e in group], 0),
                          "", "", ""))
     return lines
