@@ -184,7 +184,8 @@ def test_a_fit_kept_from_one_probe_serves_another_of_the_same_model_as_a_new_fit
     assert len(fingerprint._FITS) == 1
     fingerprint._FITS.clear()
     assert uncached(greedy) == served
-    config, vocab = fingerprint.ConfigRef.parse("demo_soft data.features=features").load(), fingerprint.probe_vocabulary()
+    config = fingerprint.ConfigRef.parse("demo_soft data.features=features").load()
+    vocab = fingerprint.probe_vocabulary()
     with fingerprint.probe_conditions():
         fingerprint.fitted_model(config, vocab)
         fingerprint.fitted_model(config, vocab)                 # as an ensemble's second member of the same recipe
