@@ -397,7 +397,8 @@ def flickr8k_decoding(result: dict) -> list[str]:
         d = e["diversity"]
         lines.append(row(f"`{e['run']}`", e["decoding"], number(e["val"]["BLEU-4"]), number(e["val"]["METEOR"]),
                          number(e["val"]["CIDEr"]), signed(gain(e)), d["vocabulary_used"],
-                         number(d["distinct_captions"], 2), number(d["mean_length"], 1), number(e["decode_seconds"], 0)))
+                         number(d["distinct_captions"], 2), number(d["mean_length"], 1),
+                         number(e["decode_seconds"], 0)))
     groups: dict[tuple[str, str], list[dict]] = {}
     for e in entries:   # a recipe's seeds, or a trial's (the recipe with the same changes)
         trained = " ".join([f"`{e['recipe']}`", *(f"`{o}`" for o in e["trial"])])
