@@ -675,3 +675,23 @@ def test_the_decoding_table_sets_each_setting_against_the_recipes_own_decoding_o
                        "0.480 ± 0.020 | – | 295 ± 55 |  |  |  |"
     assert lines[8].startswith("| `flickr8k_full_soft`, mean of 2 seeds | beam 5 |") and "| +0.015 |" in lines[8]
     assert len(lines) == 9                                             # one seed of the trial: no mean row
+
+
+def test_a_study_finishes_a_feature_cache_left_unfinished_and_leaves_a_finished_one(monkeypatch, tmp_path):
+    import numpy as np
+
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    study = load_script("flickr8k_study")
+    calls = []
+    monkeypatch.setattr(study.subprocess, "run", lambda command, check: calls.append(command))
+    cache = tmp_path / "features"
+    cache.mkdir()
+    (cache / "meta.json").write_text(json.dumps({"image_ids": [1, 2], "grid": [1, 1], "feature_dim": 2,
+                                                 "dtype": "float16"}))
+    np.save(cache / "features.npy", np.zeros((2, 1, 2), np.float16))
+    np.save(cache / "status.npy", np.array([1, 0], np.uint8))               # the second image not written yet
+    study.ensure_features(Path("flickr8k_full_soft.yaml"), str(cache), [], ["train", "val"])
+    assert len(calls) == 1 and "cache-features" in calls[0] and f"data.features={cache}" in calls[0]
+    np.save(cache / "status.npy", np.array([1, 2], np.uint8))               # written, and one unreadable
+    study.ensure_features(Path("flickr8k_full_soft.yaml"), str(cache), [], ["train", "val"])
+    assert len(calls) == 1
