@@ -305,3 +305,26 @@ def test_caption_baseline_needs_several_location_samples():
     config = load_config(None, ["model.lstm.attention_mode=hard", "loss.hard_baseline=caption",
                                 "model.lstm.location_samples=2"])
     assert config.loss.hard_baseline == "caption"
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_sharp_alpha_under_half_precision_autocast_gives_a_finite_loss_and_gradient(dtype):
+    # float16 holds nothing below 6e-8: a sharp alpha underflows there, and a log of it would be -inf, its
+    # entropy 0 * -inf = NaN (the precision that GPUs without bf16 train in)
+    decoder = make_hard(expectation_probability=0.0).train()
+    with torch.no_grad():
+        decoder.attention.energy.weight.mul_(40)
+    torch.manual_seed(1)
+    features = torch.randn(3, 6, 6)
+    with torch.autocast("cpu", dtype=dtype):
+        out = decoder(features, CAPTIONS)
+        loss = hard_loss(entropy_weight=0.01)(out, CAPTIONS[:, 1:])
+    real = CAPTIONS[:, 1:] != 0
+    assert (out.alpha[real].float() < 6e-8).any()                               # some regions below float16's least
+    assert torch.isfinite(out.entropy[real]).all() and torch.isfinite(out.log_prob_location[real]).all()
+    assert torch.isfinite(loss["loss"])
+    loss["loss"].backward()
+    assert all(torch.isfinite(p.grad).all() for p in decoder.parameters() if p.grad is not None)
+    # the log-probabilities are alpha's own, in float32
+    torch.testing.assert_close(out.entropy[real], -(out.alpha.float() * out.alpha.float().clamp_min(1e-30).log()
+                                                    ).sum(-1)[real], rtol=2e-2, atol=2e-2)

@@ -136,8 +136,9 @@ def test_only_the_soft_rest_asks_alpha_to_move_mass_onto_the_chosen_regions(rest
     delta = torch.zeros((), requires_grad=True)
     alpha = torch.softmax(scores + delta * top, dim=1)
     base = decoder.embedding(torch.tensor([5, 6])) + decoder.out_hidden(torch.randn(2, 14))
-    z = (alpha.unsqueeze(1) @ regions).squeeze(1)                        # the soft context, as the recurrence has it
-    log_p = decoder._mixture(regions, base, torch.ones_like(base), torch.arange(2), alpha, None, z)
+    others = alpha.scatter(1, alpha.topk(3, dim=1).indices, 0.0)
+    others_sum = (others.unsqueeze(1) @ regions).squeeze(1)             # the others' soft context, as context() sums it
+    log_p = decoder._mixture(regions, base, torch.ones_like(base), torch.arange(2), alpha, None, others_sum)
     (grad,) = torch.autograd.grad(log_p[:, 7].sum(), delta)
     assert grad.abs() > 1e-4 if rest == "soft" else grad.abs() < 1e-6
 
@@ -158,8 +159,10 @@ def test_dropout_keeps_one_mask_per_word_for_all_its_regions():
     assert keep.shape == (12, 10) and set(keep.unique().tolist()) == {0.0, 2.0}
 
 
-def test_a_beam_over_the_mixture_is_batched_as_one_at_a_time_and_beam_one_is_greedy():
-    decoder = make_decoder(attention_mode="marginal", marginal_regions=3).eval()
+@pytest.mark.parametrize("options", [{"marginal_regions": 3}, {"marginal_regions": 3, "marginal_rest": "soft"},
+                                     {"marginal_regions": 0}])
+def test_a_beam_over_the_mixture_is_batched_as_one_at_a_time_and_beam_one_is_greedy(options):
+    decoder = make_decoder(attention_mode="marginal", **options).eval()
     features = torch.randn(4, 12, 16)
     together = beam_search(decoder, features, beam=3, max_length=8, rules=RULES)
     for i, generation in enumerate(together):
@@ -212,3 +215,25 @@ def test_a_marginal_model_exports_to_onnx_and_captions_as_its_checkpoint(tiny_co
     got = Predictor.load(tmp_path / "export", beam=3, runtime="onnx").caption(images)
     assert [r.caption for r in got] == [r.caption for r in expected]
     assert [r.log_prob for r in got] == pytest.approx([r.log_prob for r in expected], abs=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_soft_rest_of_almost_no_mass_under_half_precision_autocast_is_finite_and_its_likelihood(dtype):
+    # all but one region chosen, the last one's alpha far below float16's least: the rest's context is summed as it
+    # is, not the soft context less the chosen ones (whose half-precision rounding the tiny mass would divide)
+    decoder = make_decoder(attention_mode="marginal", marginal_regions=11, marginal_rest="soft", dropout=0.0).train()
+    with torch.no_grad():
+        decoder.attention.energy.weight.mul_(60)
+    features, captions = torch.randn(3, 12, 16), captions_batch()
+    real = captions[:, 1:] != 0
+    with torch.no_grad():
+        exact = brute_force_log_likelihood(decoder.double(), features.double(), captions)
+    decoder.float()
+    with torch.autocast("cpu", dtype=dtype):
+        out = decoder(features, captions)
+        log_p = padded_logits(out, real).gather(2, captions[:, 1:, None]).squeeze(2)
+    assert (torch.sort(out.alpha.float(), dim=-1).values[..., 0][real] < 1e-7).any()     # a rest of almost no mass
+    assert torch.isfinite(log_p[real]).all()
+    torch.testing.assert_close(log_p[real], exact[real], rtol=0, atol=0.05)
+    (-log_p[real].sum()).backward()
+    assert all(torch.isfinite(p.grad).all() for p in decoder.parameters() if p.grad is not None)

@@ -22,9 +22,11 @@ CAPTIONS = torch.tensor([[1, 5, 6, 7, 2, 0], [1, 8, 2, 0, 0, 0], [1, 5, 5, 9, 9,
 
 
 def lstm(attention_mode: str = "soft") -> LSTMDecoder:
+    """A tiny LSTM decoder; marginal attention over the top 4 regions and the others' soft context."""
     torch.manual_seed(0)
+    marginal = {"marginal_regions": 4, "marginal_rest": "soft"} if attention_mode == "marginal" else {}
     return LSTMDecoder(LSTMDecoderConfig(vocab_size=12, region_dim=16, grid=(3, 4), attention_dim=12, embed_dim=10,
-                                         hidden_dim=14, dropout=0.0, attention_mode=attention_mode))
+                                         hidden_dim=14, dropout=0.0, attention_mode=attention_mode, **marginal))
 
 
 def transformer() -> TransformerDecoder:
@@ -68,7 +70,7 @@ def test_compiled_training_matches_eager(make):
     assert update_difference(start, eager, compiled) < 0.05                         # measured: 0.016 at most
 
 
-@pytest.mark.parametrize("mode", ["soft", "hard"])
+@pytest.mark.parametrize("mode", ["soft", "hard", "marginal"])
 def test_torch_compile_tracing_the_whole_lstm_pass_gets_the_eager_gradients(mode):
     """What compiling a whole model does to the decoder, dynamo and AOT autograd tracing its teacher-forced pass
     (``aot_eager`` leaves out code generation): the one-product weight gradients read a record that the steps fill

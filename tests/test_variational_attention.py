@@ -112,3 +112,28 @@ def test_a_variational_run_trains_and_captions(tiny_coco, tmp_path, capsys):
     records = [json.loads(line) for line in (tmp_path / "variational" / "metrics.jsonl").read_text().splitlines()]
     assert any("kl" in r and "reinforce" in r for r in records if r["type"] == "train")
     caption_and_attend(run["checkpoint"], tiny_coco / "images" / "test" / "301.png", None, capsys)
+
+
+def test_the_kl_keeps_its_value_and_gradient_where_alpha_is_below_what_float32_holds():
+    # a sharp prior: most of alpha's regions far below 1e-12, where a clamped alpha's log has no gradient
+    decoder = variational().train()
+    with torch.no_grad():
+        decoder.attention.energy.weight.mul_(400)
+    features, captions = torch.randn(3, 12, 16), captions_batch()
+    real = captions[:, 1:] != 0
+    torch.manual_seed(0)
+    out = decoder(features, captions)
+    assert out.alpha[real].min() < 1e-12
+    # the same KL in float64 from the scores: log alpha and log q by log-softmax
+    with torch.no_grad():
+        q = posterior_by_hand(decoder, features, captions).double()
+        scores, state = [], decoder.init_state(features)
+        regions = decoder.prepare_regions(features)
+        for t in range(captions.shape[1] - 1):
+            scores.append(decoder.attention.scores(state["keys"], state["h"], regions.shape[1]))
+            _, state, _ = decoder.step(captions[:, t], state)
+        log_alpha = torch.log_softmax(torch.stack(scores, 1).double(), -1)
+        kl = (q * (q.log() - log_alpha)).sum(-1)
+    torch.testing.assert_close(out.kl[real].double(), kl[real], rtol=1e-4, atol=1e-4)
+    out.kl[real].sum().backward()                                               # and it trains alpha's scores
+    assert decoder.attention.energy.weight.grad.abs().sum() > 0

@@ -32,7 +32,9 @@ ACTIVATIONS = ("tanh", "relu")
 
 def attention_entropy(alpha: torch.Tensor) -> torch.Tensor:
     """``-sum_i alpha_i log alpha_i`` (nats) of attention maps ``alpha`` (..., L), in their dtype: (...). A uniform
-    map over L regions has ``log L``, one on a single region 0."""
+    map over L regions has ``log L``, one on a single region 0. Half-precision maps are widened first (1e-12 is 0 in
+    float16, where ``0 * log 0`` would be NaN)."""
+    alpha = widened(alpha)
     return -(alpha * alpha.clamp_min(1e-12).log()).sum(-1)
 
 
@@ -94,12 +96,25 @@ class RegionAttention(nn.Module):
             return self.energy(hidden).reshape(rows, num_regions)
         return torch.bmm(q, keys.transpose(1, 2)).reshape(rows, num_regions) * self.scale
 
+    def sharpened_scores(self, keys: torch.Tensor | None, query: torch.Tensor, num_regions: int,
+                         projected_query: torch.Tensor | None = None) -> torch.Tensor:
+        """:meth:`scores` times the learned sharpness (if any), in float32 or wider: ``e_t`` (N, L), eq. 4."""
+        scores = self.scores(keys, query, num_regions, projected_query)
+        if self.log_sharpness is not None:
+            scores = scores * self.log_sharpness.exp()
+        return widened(scores)
+
     def forward(self, keys: torch.Tensor | None, query: torch.Tensor, num_regions: int,
                 projected_query: torch.Tensor | None = None) -> torch.Tensor:
         """Attention weights ``alpha`` (N, L) of N = B * k queries over B images' regions (see :meth:`scores`),
-        summing to 1 over the regions. ``projected_query``: see :meth:`scores`.
+        summing to 1 over the regions, in ``query``'s dtype. ``projected_query``: see :meth:`scores`.
         """
-        scores = self.scores(keys, query, num_regions, projected_query)          # e_t, eq. 4
-        if self.log_sharpness is not None:
-            scores = scores * self.log_sharpness.exp()
-        return torch.softmax(widened(scores), dim=-1).to(query.dtype)            # alpha_t, eq. 5
+        scores = self.sharpened_scores(keys, query, num_regions, projected_query)
+        return torch.softmax(scores, dim=-1).to(query.dtype)                     # alpha_t, eq. 5
+
+    def log_weights(self, keys: torch.Tensor | None, query: torch.Tensor, num_regions: int,
+                    projected_query: torch.Tensor | None = None) -> torch.Tensor:
+        """``log alpha`` (N, L) in float32 or wider (see :meth:`forward`), for the terms that take alpha's log (a
+        sampled location's log-probability, the entropy, a KL): exact where alpha itself is below what its dtype
+        holds (float16's smallest is 6e-8), and with a gradient there, which the log of a clamped alpha has not."""
+        return torch.log_softmax(self.sharpened_scores(keys, query, num_regions, projected_query), dim=-1)

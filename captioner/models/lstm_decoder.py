@@ -202,27 +202,43 @@ class LSTMDecoder(nn.Module):
         and ``f_beta(h)``, if at hand.
 
         Soft and marginal: ``z_t = beta * sum_i alpha_ti a_i`` (marginal: with ``gate``, beta (N, 1 | D'), among
-        the terms, which the mixture reads). Hard: ``z_t = beta * a_{s_t}``, ``s_t`` sampled (training,
-        ``hard_decode=sample``) or the argmax, with terms ``chosen`` (N, L), ``log_prob_location``, ``entropy``
-        (N,); ``expectation_rows`` (N,) or ``hard_decode=expectation`` use ``alpha_t`` instead.
+        the terms, which the mixture reads, and with ``marginal_rest: soft`` ``rest`` (N, D'), the sum over the
+        regions outside the top k). Variational, in training: ``log_alpha`` (N, L) among the terms. Hard:
+        ``z_t = beta * a_{s_t}``, ``s_t`` sampled (training, ``hard_decode=sample``) or the argmax, with terms
+        ``chosen`` (N, L), ``log_prob_location``, ``entropy`` (N,); ``expectation_rows`` (N,) or
+        ``hard_decode=expectation`` use ``alpha_t`` instead.
         """
-        alpha = self.attention(keys, h, regions.shape[1], projected_query=query)      # eq. 4, 5
         location_info: dict[str, torch.Tensor] = {}
+        sampling = self.samples_locations and (self.training or self.config.hard_decode != "expectation")
+        if sampling or (self.variational and self.training):    # terms that take alpha's log: from its scores
+            log_alpha = self.attention.log_weights(keys, h, regions.shape[1], projected_query=query)   # eq. 4, 5
+            alpha = log_alpha.exp().to(h.dtype)
+        else:
+            alpha = self.attention(keys, h, regions.shape[1], projected_query=query)  # eq. 4, 5
         weights = alpha                                                 # soft: E[z_t] = sum_i alpha_ti a_i, eq. 13
-        if self.samples_locations and (self.training or self.config.hard_decode != "expectation"):
+        if self.variational and self.training:
+            location_info["log_alpha"] = log_alpha                      # the prior of the posterior's KL
+        if sampling:
             if self.training or self.config.hard_decode == "sample":
                 # s_t ~ Multinoulli(alpha_t), eq. 8
-                location = torch.multinomial(widened(alpha.detach()), 1).squeeze(1)
+                location = torch.multinomial(log_alpha.detach().exp(), 1).squeeze(1)
             else:
-                location = alpha.argmax(dim=-1)
+                location = log_alpha.argmax(dim=-1)
             chosen = F.one_hot(location, alpha.shape[1]).to(alpha.dtype)
-            log_alpha = torch.log(alpha.clamp_min(1e-12))
             location_info = {"chosen": chosen, "log_prob_location": log_alpha.gather(1, location[:, None]).squeeze(1),
-                             "entropy": -(alpha * log_alpha).sum(dim=-1)}
+                             "entropy": -(log_alpha.exp() * log_alpha).sum(dim=-1)}
             weights = chosen if expectation_rows is None else torch.where(expectation_rows[:, None], alpha, chosen)
         images = regions.shape[0]
         # z_t = phi({a_i}, {alpha_ti}) (eq. 6): sum_i w_i a_i with w = alpha (eq. 13) or one-hot s_t (eq. 9)
         z = torch.bmm(weights.view(images, -1, weights.shape[1]), regions).view(weights.shape[0], -1)
+        if self.soft_rest and 0 < self.config.marginal_regions < alpha.shape[1]:
+            # the mixture's last component: sum_i alpha_ti a_i over all but the k regions of highest alpha, summed
+            # as it is in float32 or wider (z less the top k would carry z's half-precision rounding, which the
+            # rest's small mass then divides, past float16's range), one step's rows at a time
+            wide = widened(alpha)
+            others = wide.scatter(1, wide.topk(self.config.marginal_regions, dim=1).indices, 0.0)
+            location_info["rest"] = (others.view(images, -1, others.shape[1], 1) * widened(regions).unsqueeze(1)
+                                     ).sum(2).view(others.shape[0], -1)
         if self.gate is not None:   # beta_t = sigmoid(f_beta(h_{t-1})) (§4.2.1)
             beta = torch.sigmoid(self.gate(h) if gate_logit is None else gate_logit)
             z = beta * z
@@ -253,25 +269,25 @@ class LSTMDecoder(nn.Module):
 
     def mixture_log_probs(self, embedded: torch.Tensor, h: torch.Tensor, regions: torch.Tensor,
                           images: torch.Tensor, alpha: torch.Tensor, gate: torch.Tensor | None,
-                          z: torch.Tensor) -> torch.Tensor:
+                          rest: torch.Tensor | None) -> torch.Tensor:
         """Marginal attention's word distribution: ``log sum_i alpha_ti softmax(L_o tanh(E y_{t-1} + L_h h_t +
         L_z beta_t a_i))`` (N, V) float32 or wider, for rows with ``embedded`` (N, E), ``h`` (N, H), ``alpha`` (N, L),
-        ``gate`` beta (N, 1 | D') or None and the gated soft context ``z`` (N, D'), reading ``regions[images]`` from
-        ``regions`` (B, L, D') and ``images`` (N,). One dropout mask per row, shared by its regions; computed
-        :data:`MIXTURE_CHUNK` logits at a time (in one piece where torch.compile or torch.export traces it: a loop
-        over a dynamic number of rows cannot be traced)."""
+        ``gate`` beta (N, 1 | D') or None and, with ``marginal_rest: soft``, ``rest`` (N, D') the ungated
+        ``sum_i alpha_ti a_i`` over the regions outside the top k (:meth:`context`'s ``"rest"``), reading
+        ``regions[images]`` from ``regions`` (B, L, D') and ``images`` (N,). One dropout mask per row, shared by its
+        regions; computed :data:`MIXTURE_CHUNK` logits at a time (in one piece where torch.compile or torch.export
+        traces it: a loop over a dynamic number of rows cannot be traced)."""
         base = embedded + self.out_hidden(h)                                   # (N, E): what the regions share
         keep = self.dropout(torch.ones_like(base))
         if torch.compiler.is_compiling():
-            return self._mixture(regions, base, keep, images, alpha, gate, z)
+            return self._mixture(regions, base, keep, images, alpha, gate, rest)
         k = self.config.marginal_regions
         regions_per_row = k + int(self.soft_rest) if 0 < k < alpha.shape[1] else alpha.shape[1]
         rows = max(1, MIXTURE_CHUNK // (regions_per_row * self.config.vocab_size))
         pieces = []
         for start in range(0, base.shape[0], rows):
             piece = [t[start:start + rows] for t in (base, keep, images, alpha)]
-            piece.append(None if gate is None else gate[start:start + rows])
-            piece.append(z[start:start + rows])
+            piece += [None if t is None else t[start:start + rows] for t in (gate, rest)]
             if torch.is_grad_enabled():     # recomputed in the backward pass: memory bounded by one piece
                 pieces.append(checkpoint(self._mixture, regions, *piece, use_reentrant=False,
                                          preserve_rng_state=False))     # nothing random inside
@@ -279,7 +295,7 @@ class LSTMDecoder(nn.Module):
                 pieces.append(self._mixture(regions, *piece))
         return torch.cat(pieces)
 
-    def _mixture(self, regions, base, keep, images, alpha, gate, z) -> torch.Tensor:
+    def _mixture(self, regions, base, keep, images, alpha, gate, rest) -> torch.Tensor:
         """One piece of :meth:`mixture_log_probs`."""
         alpha = widened(alpha)               # top-k and its renormalisation in float32 (or float64), not half
         k = self.config.marginal_regions
@@ -291,12 +307,12 @@ class LSTMDecoder(nn.Module):
             weights, chosen = alpha, regions.index_select(0, images)           # (n, L, D')
         if gate is not None:
             chosen = gate.unsqueeze(1) * chosen                                # beta a_i
-        if top_k and self.soft_rest:   # + the others' soft context, at the rest of alpha's mass: z less the top k
-            # (z's rounding error is divided by the rest's mass r, and the component's weight is r again)
-            rest = alpha.scatter(1, index, 0.0).sum(dim=1, keepdim=True)       # (n, 1)
-            top = (weights.unsqueeze(2) * widened(chosen)).sum(dim=1)          # (n, D'): beta sum_top alpha_i a_i
-            context = (widened(z) - top) / rest.clamp_min(1e-12)               # beta sum_rest alpha_i a_i / rest
-            weights = torch.cat([weights, rest], dim=1)
+        if top_k and self.soft_rest:   # + the others' soft context, at the rest of alpha's mass
+            mass = alpha.scatter(1, index, 0.0).sum(dim=1, keepdim=True)       # (n, 1)
+            context = rest / mass.clamp_min(1e-12)                             # sum_rest alpha_i a_i / mass
+            if gate is not None:
+                context = gate * context                                       # beta, as the others'
+            weights = torch.cat([weights, mass], dim=1)
             chosen = torch.cat([chosen, context.to(chosen.dtype).unsqueeze(1)], dim=1)
         elif top_k:                                                           # alpha renormalised over them
             weights = weights / weights.sum(dim=1, keepdim=True)
@@ -354,8 +370,8 @@ class LSTMDecoder(nn.Module):
         out = TeacherForced(logits=logits, alpha=_unpack(torch.cat(alphas), to_packed), repeats=repeats)
         if keep is not None:                                                  # variational attention, in training
             targets = self.embedding(captions[:, 1:].index_select(0, order))           # (B, T, E): y_1 .. y_T
-            drawn = self.posterior_draws(regions, targets, lengths.index_select(0, order), running, h, hs, alphas,
-                                         infos, embedded, keep)
+            drawn = self.posterior_draws(regions, targets, lengths.index_select(0, order), running, h, hs, infos,
+                                         embedded, keep)
             out.sampled_logits = drawn["logits"].index_select(0, to_packed[real])
             out.log_prob_location, out.kl, out.locations = (_unpack(drawn[k], to_packed)
                                                              for k in ("log_prob", "kl", "locations"))
@@ -374,8 +390,8 @@ class LSTMDecoder(nn.Module):
         if self.config.attention_mode == "marginal":
             images = packed_rows(running, embedded.device)
             gate = torch.cat([i["gate"] for i in infos]) if self.gate is not None else None
-            logits = self.mixture_log_probs(embedded, torch.cat(hs), regions, images, torch.cat(alphas), gate,
-                                            torch.cat(zs))
+            rest = torch.cat([i["rest"] for i in infos]) if "rest" in infos[0] else None
+            logits = self.mixture_log_probs(embedded, torch.cat(hs), regions, images, torch.cat(alphas), gate, rest)
             return logits.index_select(0, targets_order), None
         deep = self.deep_output(embedded, torch.cat(hs), torch.cat(zs))              # (W, E), packed
         if not (self.variational and self.training):
@@ -383,14 +399,14 @@ class LSTMDecoder(nn.Module):
         keep = self.dropout(torch.ones_like(deep))
         return self.out_words((deep * keep).index_select(0, targets_order)), keep
 
-    def posterior_draws(self, regions, targets, lengths, running: list[int], h0, hs, alphas, infos, embedded,
+    def posterior_draws(self, regions, targets, lengths, running: list[int], h0, hs, infos, embedded,
                         keep) -> dict:
         """Variational attention in training, over rows sorted longest first (as :meth:`forward` runs them): the
         posterior ``q_t`` (n, L) of each step from ``h_{t-1}`` and the caption reader's output at word t (``targets``
         (B, T, E) the embedded words to predict, ``lengths`` (B,)), one region ``s_t ~ q_t`` per word, and, packed
         (W, ...): the word ``logits`` (W, V) of the deep output layer at ``beta_t a_{s_t}``, ``log_prob`` log q(s_t),
-        ``kl`` KL(q_t || alpha_t) over the L regions, and the ``locations`` s_t; ``keep`` (W, E) the soft words'
-        dropout mask, which the drawn words share."""
+        ``kl`` KL(q_t || alpha_t) over the L regions (log alpha_t from the steps' ``infos``), and the ``locations``
+        s_t; ``keep`` (W, E) the soft words' dropout mask, which the drawn words share."""
         reading = nn.utils.rnn.pack_padded_sequence(targets, lengths.cpu(), batch_first=True)
         reading = nn.utils.rnn.pad_packed_sequence(self.caption_reader(reading)[0], batch_first=True)[0]  # (B, T, 2U)
         keys = self.posterior.project_regions(regions)
@@ -398,10 +414,10 @@ class LSTMDecoder(nn.Module):
         for t, n in enumerate(running):
             h_prev = (h0 if t == 0 else hs[t - 1])[:n]
             query = torch.cat([h_prev, reading[:n, t].to(h_prev.dtype)], dim=1)
-            posteriors.append(self.posterior(None if keys is None else keys[:n], query, regions.shape[1]))
-        q, alpha = widened(torch.cat(posteriors)), widened(torch.cat(alphas))               # (W, L)
-        log_q = q.clamp_min(1e-12).log()
-        kl = (q * (log_q - alpha.clamp_min(1e-12).log())).sum(dim=1)                       # exact, over the L regions
+            posteriors.append(self.posterior.log_weights(None if keys is None else keys[:n], query, regions.shape[1]))
+        log_q, log_alpha = torch.cat(posteriors), torch.cat([i["log_alpha"] for i in infos])  # (W, L), float32+
+        q = log_q.exp()
+        kl = (q * (log_q - log_alpha)).sum(dim=1)                                          # exact, over the L regions
         locations = torch.multinomial(q.detach(), 1).squeeze(1)                            # s_t ~ q_t
         images = packed_rows(running, regions.device)
         chosen = regions[images, locations]                                                 # (W, D'): a_{s_t}
@@ -499,7 +515,8 @@ class LSTMDecoder(nn.Module):
         if self.config.attention_mode == "marginal":
             regions = state["regions"]
             images = torch.arange(tokens.shape[0], device=tokens.device) // (tokens.shape[0] // regions.shape[0])
-            log_probs = self.mixture_log_probs(embedded, h, regions, images, alpha, location_info.get("gate"), z)
+            log_probs = self.mixture_log_probs(embedded, h, regions, images, alpha, location_info.get("gate"),
+                                               location_info.get("rest"))
         else:
             log_probs = torch.log_softmax(widened(self.output_logits(embedded, h, z)), dim=-1)
         attention = {"alpha": alpha}
