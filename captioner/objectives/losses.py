@@ -40,11 +40,13 @@ class LossConfig:
                                     minimum=0, maximum=1)
     hard_reward: str = setting(
         "sequence", "hard attention: sequence: log p(y | s, a) (the paper) | per_word: divided by caption length | "
-        "word: each word's own log p(y_t | s, a) rewards its location s_t alone (the paper's code, capgen.py)",
+        "word: each word's own log p(y_t | s, a) rewards its location s_t alone (capgen.py with RL_sumCost off; "
+        "biased: through the recurrence s_t also shapes the words after t)",
         choices=("sequence", "per_word", "word"))
     hard_baseline: str = setting(
         "moving", "hard attention: moving: a moving average of the reward (the paper) | caption: the mean reward of "
-        "the caption's other location samples (model.lstm.location_samples >= 2) | none (capgen.py's default)",
+        "the caption's other location samples (model.lstm.location_samples >= 2) | none (capgen.py with RL_sumCost "
+        "off)",
         choices=("moving", "caption", "none"))
     reinforce_scale: float = setting(
         1.0, "hard and variational attention: the weight of the REINFORCE term beside the likelihood term, both per "
