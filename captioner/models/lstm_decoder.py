@@ -212,7 +212,8 @@ class LSTMDecoder(nn.Module):
         sampling = self.samples_locations and (self.training or self.config.hard_decode != "expectation")
         if sampling or (self.variational and self.training):    # terms that take alpha's log: from its scores
             log_alpha = self.attention.log_weights(keys, h, regions.shape[1], projected_query=query)   # eq. 4, 5
-            alpha = log_alpha.exp().to(h.dtype)
+            wide_alpha = log_alpha.exp()                                # float32 or wider
+            alpha = wide_alpha.to(h.dtype)
         else:
             alpha = self.attention(keys, h, regions.shape[1], projected_query=query)  # eq. 4, 5
         weights = alpha                                                 # soft: E[z_t] = sum_i alpha_ti a_i, eq. 13
@@ -221,12 +222,12 @@ class LSTMDecoder(nn.Module):
         if sampling:
             if self.training or self.config.hard_decode == "sample":
                 # s_t ~ Multinoulli(alpha_t), eq. 8
-                location = torch.multinomial(log_alpha.detach().exp(), 1).squeeze(1)
+                location = torch.multinomial(wide_alpha.detach(), 1).squeeze(1)
             else:
                 location = log_alpha.argmax(dim=-1)
             chosen = F.one_hot(location, alpha.shape[1]).to(alpha.dtype)
             location_info = {"chosen": chosen, "log_prob_location": log_alpha.gather(1, location[:, None]).squeeze(1),
-                             "entropy": -(log_alpha.exp() * log_alpha).sum(dim=-1)}
+                             "entropy": -(wide_alpha * log_alpha).sum(dim=-1)}
             weights = chosen if expectation_rows is None else torch.where(expectation_rows[:, None], alpha, chosen)
         images = regions.shape[0]
         # z_t = phi({a_i}, {alpha_ti}) (eq. 6): sum_i w_i a_i with w = alpha (eq. 13) or one-hot s_t (eq. 9)
