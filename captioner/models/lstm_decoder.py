@@ -132,7 +132,7 @@ def packed_rows(running: list[int], device: torch.device) -> torch.Tensor:
 
 MIXTURE_CHUNK = 1 << 24
 """Marginal attention: the most word logits (rows x regions x V) one piece of the mixture computes at once; in
-training each piece is recomputed in the backward pass instead of kept, so memory stays bounded by it."""
+training each piece but the last is recomputed in the backward pass instead of kept, so memory stays bounded by it."""
 
 
 class LSTMDecoder(nn.Module):
@@ -238,8 +238,9 @@ class LSTMDecoder(nn.Module):
             # rest's small mass then divides, past float16's range), one step's rows at a time
             wide = widened(alpha)
             others = wide.scatter(1, wide.topk(self.config.marginal_regions, dim=1).indices, 0.0)
-            location_info["rest"] = (others.view(images, -1, others.shape[1], 1) * widened(regions).unsqueeze(1)
-                                     ).sum(2).view(others.shape[0], -1)
+            with torch.autocast(regions.device.type, enabled=False):   # autocast would take bmm to half
+                location_info["rest"] = torch.bmm(others.view(images, -1, others.shape[1]),
+                                                  widened(regions).to(others.dtype)).view(others.shape[0], -1)
         if self.gate is not None:   # beta_t = sigmoid(f_beta(h_{t-1})) (§4.2.1)
             beta = torch.sigmoid(self.gate(h) if gate_logit is None else gate_logit)
             z = beta * z
@@ -289,7 +290,9 @@ class LSTMDecoder(nn.Module):
         for start in range(0, base.shape[0], rows):
             piece = [t[start:start + rows] for t in (base, keep, images, alpha)]
             piece += [None if t is None else t[start:start + rows] for t in (gate, rest)]
-            if torch.is_grad_enabled():     # recomputed in the backward pass: memory bounded by one piece
+            # all but the last piece are recomputed in the backward pass, which reaches the last one first: memory
+            # stays bounded by about one piece, and a batch that fits one piece runs it once
+            if torch.is_grad_enabled() and start + rows < base.shape[0]:
                 pieces.append(checkpoint(self._mixture, regions, *piece, use_reentrant=False,
                                          preserve_rng_state=False))     # nothing random inside
             else:
