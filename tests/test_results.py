@@ -14,7 +14,8 @@ from captioner.decoding.search import DecodeConfig
 from captioner.errors import CaptionerError
 from captioner.results import fingerprint
 from captioner.results.record import (add_entry, entries_made_otherwise, load_results, made_by, override_text, pin,
-                                      pinned_key, result_settings, save, settings_changes, why_stale, write_result)
+                                      pinned_key, reprobe, result_settings, save, settings_changes, why_stale,
+                                      write_result)
 from captioner.results.render import TABLE, pages, render_page, stale_results, table_differences
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -112,6 +113,22 @@ def test_a_new_setting_at_its_default_keeps_the_result_and_one_away_from_it_does
     _, results, _ = copy_with_a_result
     record = rewritten(results, lambda r: [r["settings"]["demo_soft"].pop(k) for k in ("train.lr_gamma", "train.lr")])
     assert why_stale(record) == ["config 'demo_soft': train.lr is new and 0.002, not its default 0.0004"]
+
+
+def test_reprobing_records_what_a_changed_probe_computes_and_only_where_the_settings_still_hold(copy_with_a_result):
+    """After a probe itself changed (here: what it recorded edited), reprobe records what it computes now and names
+    it, and the result is current again; a result whose settings changed is refused and left as it was."""
+    _, results, _ = copy_with_a_result
+    record = rewritten(results, lambda r: r["fingerprint"]["text"].update({"encoded": [1, 2, 3]}))
+    assert why_stale(record) and reprobe(record) == ["text"]
+    save(record, results)
+    assert stale_results(results) == [] and record["fingerprint"]["text"] == fingerprint.compute("text")
+    record = rewritten(results, lambda r: r["settings"]["demo_soft"].update({"train.lr": 0.001}))
+    before = json.dumps(record)
+    with pytest.raises(CaptionerError, match="demo: its settings changed, so no probe stands for it: config "
+                                             "'demo_soft': train.lr 0.001 -> 0.002"):
+        reprobe(record)
+    assert json.dumps(record) == before
 
 
 def test_a_recipes_paths_and_comments_keep_its_result():

@@ -264,6 +264,22 @@ def why_stale(record: dict) -> list[str]:
     return [reason for reasons in stale_parts(record).values() for reason in reasons]
 
 
+def reprobe(record: dict) -> list[str]:
+    """Set ``record``'s fingerprint to what its probes compute now; returns the probes whose numbers moved. For a
+    probe that itself changed (``scripts/reprobe_results.py``), never for code that changed: that makes a result
+    stale. A record whose settings no longer resolve as recorded is left as it is (CaptionerError naming them)."""
+    from captioner.errors import CaptionerError
+
+    changes = [change for key, recorded in record["settings"].items() for change in settings_changes(key, recorded)]
+    if changes:
+        raise CaptionerError(f"{record['name']}: its settings changed, so no probe stands for it: "
+                             f"{'; '.join(changes[:SHOWN_DIFFERENCES])}")
+    now = {name: compute(name) for name in record["fingerprint"]}
+    moved = [name for name, value in now.items() if differences(record["fingerprint"][name], value)]
+    record["fingerprint"] = now
+    return moved
+
+
 def pinned_key(key: str, recorded: dict) -> str | None:
     """Config ``key`` with overrides appended that give back the settings ``recorded`` where its recipe has changed
     since (each changed setting set to its recorded value, a setting new since then to its default): ``key`` itself
