@@ -44,9 +44,11 @@ PROBE_CAPTIONS = (
 """The captions of the probes' batch and vocabulary (every word at least twice, ``.`` tokenised away)."""
 TRAIN_STEPS = 2
 """Training steps of a ``train`` probe on its objective (after the warm-start step, if any)."""
+TRAIN_CAPTIONS = 4
+"""Captions (one image each) in a ``train`` probe's batch: the first of :data:`PROBE_CAPTIONS`."""
 PROBE_IMAGES = 3
 """Images a ``decode`` probe captions."""
-FIT_STEPS, FIT_LR = 20, 3e-3
+FIT_STEPS, FIT_LR = 12, 4e-3
 """Adam steps and learning rate that fit a ``decode`` probe's model to the probe captions first."""
 
 
@@ -182,7 +184,7 @@ def train_probe(config) -> dict:
     config = dataclasses.replace(config, train=dataclasses.replace(config.train, amp=False, compile=False))
     vocab = probe_vocabulary()
     model = probe_model(config, vocab)
-    batch = probe_batch(config, vocab, model)
+    batch = probe_batch(config, vocab, model, TRAIN_CAPTIONS)
     start = engine.prepare_fine_tuning(model, config)      # as a run does: the frozen start, the frozen parameters
     optimizer = engine.make_optimizer(model, config)
     train = config.train
@@ -197,7 +199,7 @@ def train_probe(config) -> dict:
                      scheduler=engine.make_scheduler(optimizer, config, TRAIN_STEPS), scaler=torch.amp.GradScaler(
                          "cpu", enabled=False), loaders={}, val_set=None, self_critical=self_critical, start=start,
                      average=WeightAverage(model, train.ema_decay) if train.ema_decay else None, logger=None,
-                     rank_batch=len(PROBE_CAPTIONS))
+                     rank_batch=TRAIN_CAPTIONS)
     state, stop = engine.TrainState(), type("NoStop", (), {"requested": False})()
     steps = []          # the objectives the run trains on, in its order: cross-entropy (warm start first), SCST
     if train.objective == "xe" or train.scst_after_epoch:
