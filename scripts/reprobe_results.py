@@ -28,13 +28,13 @@ def changed_code() -> list[str]:
     """The files under ``captioner/`` that differ from the last commit, the probes' module aside."""
     done = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all", "--", "captioner"], cwd=ROOT,
                           capture_output=True, text=True, check=True)
-    paths = [line[3:] for line in done.stdout.splitlines()]
-    return [path for path in paths if path != PROBES_MODULE and not path.endswith((".pyc", "/"))]
+    return [line[3:] for line in done.stdout.splitlines() if line[3:] != PROBES_MODULE]
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("results", nargs="*", help="the results to probe again (names in benchmarks/results; default: all)")
+    parser.add_argument("results", nargs="*",
+                        help="the results to probe again (names in benchmarks/results; default: all)")
     args = parser.parse_args()
     changed = changed_code()
     if changed:
