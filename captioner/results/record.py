@@ -242,11 +242,16 @@ def settings_changes(key: str, recorded: dict) -> list[str]:
     return [f"config '{key}': {change}" for change in changes]
 
 
+def changed_settings(record: dict) -> dict[str, list[str]]:
+    """Each config (by key) of ``record`` whose settings differ now from those recorded, with how."""
+    return {key: changes for key, recorded in record["settings"].items()
+            if (changes := settings_changes(key, recorded))}
+
+
 def stale_parts(record: dict) -> dict[str, list[str]]:
     """What made ``record`` that the code and settings no longer make: each config (by key) whose settings changed
     and each probe (by name) that computes other numbers, with why (the first differences)."""
-    parts = {key: changes for key, recorded in record["settings"].items()
-             if (changes := settings_changes(key, recorded))}
+    parts = changed_settings(record)
     for name, recorded in record["fingerprint"].items():
         try:
             found = differences(recorded, compute(name))
@@ -270,7 +275,7 @@ def reprobe(record: dict) -> list[str]:
     stale. A record whose settings no longer resolve as recorded is left as it is (CaptionerError naming them)."""
     from captioner.errors import CaptionerError
 
-    changes = [change for key, recorded in record["settings"].items() for change in settings_changes(key, recorded)]
+    changes = [change for found in changed_settings(record).values() for change in found]
     if changes:
         raise CaptionerError(f"{record['name']}: its settings changed, so no probe stands for it: "
                              f"{'; '.join(changes[:SHOWN_DIFFERENCES])}")
