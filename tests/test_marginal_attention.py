@@ -136,9 +136,10 @@ def test_only_the_soft_rest_asks_alpha_to_move_mass_onto_the_chosen_regions(rest
     delta = torch.zeros((), requires_grad=True)
     alpha = torch.softmax(scores + delta * top, dim=1)
     base = decoder.embedding(torch.tensor([5, 6])) + decoder.out_hidden(torch.randn(2, 14))
-    others = alpha.scatter(1, alpha.topk(3, dim=1).indices, 0.0)
-    others_sum = (others.unsqueeze(1) @ regions).squeeze(1)             # the others' soft context, as context() sums it
-    log_p = decoder._mixture(regions, base, torch.ones_like(base), torch.arange(2), alpha, None, others_sum)
+    index = alpha.topk(3, dim=1).indices
+    others_sum = (alpha.scatter(1, index, 0.0).unsqueeze(1) @ regions).squeeze(1)   # as context() sums the rest
+    log_p = decoder._mixture(regions, base, torch.ones_like(base), torch.arange(2), alpha, None, index,
+                             others_sum if rest == "soft" else None)
     (grad,) = torch.autograd.grad(log_p[:, 7].sum(), delta)
     assert grad.abs() > 1e-4 if rest == "soft" else grad.abs() < 1e-6
 

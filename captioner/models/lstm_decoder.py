@@ -202,8 +202,8 @@ class LSTMDecoder(nn.Module):
         and ``f_beta(h)``, if at hand.
 
         Soft and marginal: ``z_t = beta * sum_i alpha_ti a_i`` (marginal: with ``gate``, beta (N, 1 | D'), among
-        the terms, which the mixture reads, and with ``marginal_rest: soft`` ``rest`` (N, D'), the sum over the
-        regions outside the top k). Variational, in training: ``log_alpha`` (N, L) among the terms. Hard:
+        the terms, which the mixture reads, with ``marginal_regions`` k < L ``top`` (N, k) the k regions of highest
+        alpha, and with ``marginal_rest: soft`` ``rest`` (N, D'), the sum over the regions outside them). Variational, in training: ``log_alpha`` (N, L) among the terms. Hard:
         ``z_t = beta * a_{s_t}``, ``s_t`` sampled (training, ``hard_decode=sample``) or the argmax, with terms
         ``chosen`` (N, L), ``log_prob_location``, ``entropy`` (N,); ``expectation_rows`` (N,) or
         ``hard_decode=expectation`` use ``alpha_t`` instead.
@@ -232,12 +232,15 @@ class LSTMDecoder(nn.Module):
         images = regions.shape[0]
         # z_t = phi({a_i}, {alpha_ti}) (eq. 6): sum_i w_i a_i with w = alpha (eq. 13) or one-hot s_t (eq. 9)
         z = torch.bmm(weights.view(images, -1, weights.shape[1]), regions).view(weights.shape[0], -1)
-        if self.soft_rest and 0 < self.config.marginal_regions < alpha.shape[1]:
-            # the mixture's last component: sum_i alpha_ti a_i over all but the k regions of highest alpha, summed
-            # as it is in float32 or wider (z less the top k would carry z's half-precision rounding, which the
-            # rest's small mass then divides, past float16's range), one step's rows at a time
+        if self.config.attention_mode == "marginal" and 0 < self.config.marginal_regions < alpha.shape[1]:
+            # the mixture's components: the k regions of highest alpha (ranked in float32 or wider, not half)
             wide = widened(alpha)
-            others = wide.scatter(1, wide.topk(self.config.marginal_regions, dim=1).indices, 0.0)
+            location_info["top"] = wide.topk(self.config.marginal_regions, dim=1).indices
+        if "top" in location_info and self.soft_rest:
+            # the mixture's last component: sum_i alpha_ti a_i over all but the top k, summed as it is in float32
+            # or wider (z less the top k would carry z's half-precision rounding, which the rest's small mass then
+            # divides, past float16's range), one step's rows at a time
+            others = wide.scatter(1, location_info["top"], 0.0)
             with torch.autocast(regions.device.type, enabled=False):   # autocast would take bmm to half
                 location_info["rest"] = torch.bmm(others.view(images, -1, others.shape[1]),
                                                   widened(regions).to(others.dtype)).view(others.shape[0], -1)
@@ -270,26 +273,26 @@ class LSTMDecoder(nn.Module):
         return self.config.attention_mode == "marginal" and self.config.marginal_rest == "soft"
 
     def mixture_log_probs(self, embedded: torch.Tensor, h: torch.Tensor, regions: torch.Tensor,
-                          images: torch.Tensor, alpha: torch.Tensor, gate: torch.Tensor | None,
-                          rest: torch.Tensor | None) -> torch.Tensor:
+                          images: torch.Tensor, alpha: torch.Tensor, terms: dict[str, torch.Tensor]) -> torch.Tensor:
         """Marginal attention's word distribution: ``log sum_i alpha_ti softmax(L_o tanh(E y_{t-1} + L_h h_t +
-        L_z beta_t a_i))`` (N, V) float32 or wider, for rows with ``embedded`` (N, E), ``h`` (N, H), ``alpha`` (N, L),
-        ``gate`` beta (N, 1 | D') or None and, with ``marginal_rest: soft``, ``rest`` (N, D') the ungated
-        ``sum_i alpha_ti a_i`` over the regions outside the top k (:meth:`context`'s ``"rest"``), reading
-        ``regions[images]`` from ``regions`` (B, L, D') and ``images`` (N,). One dropout mask per row, shared by its
+        L_z beta_t a_i))`` (N, V) float32 or wider, for rows with ``embedded`` (N, E), ``h`` (N, H), ``alpha`` (N, L)
+        and :meth:`context`'s ``terms`` of them: ``gate`` beta (N, 1 | D') where there is one, ``top`` (N, k) where
+        the mixture is over the top k regions and, with ``marginal_rest: soft``, ``rest`` (N, D') the ungated
+        ``sum_i alpha_ti a_i`` over the others; reading ``regions[images]`` from ``regions`` (B, L, D') and
+        ``images`` (N,). One dropout mask per row, shared by its
         regions; computed :data:`MIXTURE_CHUNK` logits at a time (in one piece where torch.compile or torch.export
         traces it: a loop over a dynamic number of rows cannot be traced)."""
         base = embedded + self.out_hidden(h)                                   # (N, E): what the regions share
         keep = self.dropout(torch.ones_like(base))
+        gate, top, rest = (terms.get(name) for name in ("gate", "top", "rest"))
         if torch.compiler.is_compiling():
-            return self._mixture(regions, base, keep, images, alpha, gate, rest)
-        k = self.config.marginal_regions
-        regions_per_row = k + int(self.soft_rest) if 0 < k < alpha.shape[1] else alpha.shape[1]
+            return self._mixture(regions, base, keep, images, alpha, gate, top, rest)
+        regions_per_row = alpha.shape[1] if top is None else top.shape[1] + int(rest is not None)
         rows = max(1, MIXTURE_CHUNK // (regions_per_row * self.config.vocab_size))
         pieces = []
         for start in range(0, base.shape[0], rows):
             piece = [t[start:start + rows] for t in (base, keep, images, alpha)]
-            piece += [None if t is None else t[start:start + rows] for t in (gate, rest)]
+            piece += [None if t is None else t[start:start + rows] for t in (gate, top, rest)]
             # all but the last piece are recomputed in the backward pass, which reaches the last one first: memory
             # stays bounded by about one piece, and a batch that fits one piece runs it once
             if torch.is_grad_enabled() and start + rows < base.shape[0]:
@@ -299,26 +302,23 @@ class LSTMDecoder(nn.Module):
                 pieces.append(self._mixture(regions, *piece))
         return torch.cat(pieces)
 
-    def _mixture(self, regions, base, keep, images, alpha, gate, rest) -> torch.Tensor:
+    def _mixture(self, regions, base, keep, images, alpha, gate, top, rest) -> torch.Tensor:
         """One piece of :meth:`mixture_log_probs`."""
-        alpha = widened(alpha)               # top-k and its renormalisation in float32 (or float64), not half
-        k = self.config.marginal_regions
-        top_k = 0 < k < alpha.shape[1]
-        if top_k:                            # the k regions of highest alpha
-            weights, index = alpha.topk(k, dim=1)
-            chosen = regions[images.unsqueeze(1), index]                      # (n, k, D')
+        alpha = widened(alpha)               # the top k's weights and their renormalisation in float32 or wider
+        if top is not None:                  # the k regions of highest alpha
+            weights, chosen = alpha.gather(1, top), regions[images.unsqueeze(1), top]      # (n, k), (n, k, D')
         else:
             weights, chosen = alpha, regions.index_select(0, images)           # (n, L, D')
         if gate is not None:
             chosen = gate.unsqueeze(1) * chosen                                # beta a_i
-        if top_k and self.soft_rest:   # + the others' soft context, at the rest of alpha's mass
-            mass = alpha.scatter(1, index, 0.0).sum(dim=1, keepdim=True)       # (n, 1)
+        if rest is not None:           # + the others' soft context, at the rest of alpha's mass
+            mass = alpha.scatter(1, top, 0.0).sum(dim=1, keepdim=True)         # (n, 1)
             context = rest / mass.clamp_min(1e-12)                             # sum_rest alpha_i a_i / mass
             if gate is not None:
                 context = gate * context                                       # beta, as the others'
             weights = torch.cat([weights, mass], dim=1)
             chosen = torch.cat([chosen, context.to(chosen.dtype).unsqueeze(1)], dim=1)
-        elif top_k:                                                           # alpha renormalised over them
+        elif top is not None:                                                 # alpha renormalised over them
             weights = weights / weights.sum(dim=1, keepdim=True)
         deep = torch.tanh(base.unsqueeze(1) + self.out_context(chosen)) * keep.unsqueeze(1)   # (n, k, E)
         log_p = torch.log_softmax(widened(self.out_words(deep)), dim=-1)      # (n, k, V): log p(y | a_i)
@@ -393,9 +393,8 @@ class LSTMDecoder(nn.Module):
         the drawn words share (their difference from the soft words is a reward), else None."""
         if self.config.attention_mode == "marginal":
             images = packed_rows(running, embedded.device)
-            gate = torch.cat([i["gate"] for i in infos]) if self.gate is not None else None
-            rest = torch.cat([i["rest"] for i in infos]) if "rest" in infos[0] else None
-            logits = self.mixture_log_probs(embedded, torch.cat(hs), regions, images, torch.cat(alphas), gate, rest)
+            terms = {name: torch.cat([i[name] for i in infos]) for name in ("gate", "top", "rest") if name in infos[0]}
+            logits = self.mixture_log_probs(embedded, torch.cat(hs), regions, images, torch.cat(alphas), terms)
             return logits.index_select(0, targets_order), None
         deep = self.deep_output(embedded, torch.cat(hs), torch.cat(zs))              # (W, E), packed
         if not (self.variational and self.training):
@@ -519,8 +518,7 @@ class LSTMDecoder(nn.Module):
         if self.config.attention_mode == "marginal":
             regions = state["regions"]
             images = torch.arange(tokens.shape[0], device=tokens.device) // (tokens.shape[0] // regions.shape[0])
-            log_probs = self.mixture_log_probs(embedded, h, regions, images, alpha, location_info.get("gate"),
-                                               location_info.get("rest"))
+            log_probs = self.mixture_log_probs(embedded, h, regions, images, alpha, location_info)
         else:
             log_probs = torch.log_softmax(widened(self.output_logits(embedded, h, z)), dim=-1)
         attention = {"alpha": alpha}
