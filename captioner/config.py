@@ -116,7 +116,8 @@ class TrainConfig:
         "from cross-entropy (None: train.lr, and from the first epoch under train.lr_schedule)", above=0)
     expectation_epochs: int = setting(
         0, "hard attention: this many epochs first in which every caption reads alpha's expectation (no location "
-        "sampled: a warm start), then model.lstm.expectation_probability", minimum=0)
+        "sampled: a warm start, which early stopping waits out), then model.lstm.expectation_probability; best.pt "
+        "is the best epoch after them", minimum=0)
     scst_samples: int = setting(5, "objective scst: captions sampled per image", minimum=1)
     scst_batch_size: int | None = setting(
         None, "objective scst: images per self-critical step, each sampled scst_samples times (the global batch "

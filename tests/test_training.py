@@ -408,6 +408,22 @@ def test_plateau_decays_the_learning_rate_after_epochs_without_gain_and_resumes_
     assert full["optimizer"]["param_groups"][0]["lr"] == split["optimizer"]["param_groups"][0]["lr"] == 0.00125
 
 
+def test_hard_attention_keeps_the_best_sampled_epoch_and_waits_out_its_warm_start(tiny_coco, tmp_path, monkeypatch):
+    """The warm epochs train soft attention: they neither end the run early nor stay best.pt after an epoch that
+    sampled locations, though it scores less; a soft run with the same scores keeps its first epoch and stops."""
+    hard = {"lstm": {"attention_mode": "hard"}}
+    stopping = {"early_stopping": 1, "epochs": 5}
+    scores = (0.5, 0.4, 0.3, 0.2, 0.1)      # falling: early stopping would end the run after epoch 2
+    monkeypatch.setattr(engine, "validate", scripted_validation(*scores))
+    run = train(tiny_config(tiny_coco, tmp_path / "hard", model=hard, train={**stopping, "expectation_epochs": 2}))
+    assert run["epochs"] == 4 and run["best"] == 0.3                # the warm 2, then the best sampled and 1 more
+    assert load_checkpoint(tmp_path / "hard" / "best.pt")["progress"]["epoch"] == 3
+    monkeypatch.setattr(engine, "validate", scripted_validation(*scores))
+    run = train(tiny_config(tiny_coco, tmp_path / "soft", train={**stopping, "expectation_epochs": 2}))
+    assert run["epochs"] == 2 and run["best"] == 0.5
+    assert load_checkpoint(tmp_path / "soft" / "best.pt")["progress"]["epoch"] == 1
+
+
 def test_transformer_run_trains_captions_and_joins_the_comparison(tiny_coco, tmp_path, capsys):
     model = {"decoder": "transformer", "transformer": {"d_model": 16, "num_layers": 1, "num_heads": 2, "ffn_dim": 32,
                                                       "region_position": "learned", "max_length": 16}}

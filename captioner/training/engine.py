@@ -690,6 +690,10 @@ def end_epoch(run: Run, state: TrainState) -> bool:
     state.epoch += 1
     state.batch_in_epoch = 0
     score = scores[train.metric]
+    if sampling_begins(run, state):     # the warm epochs trained soft attention: best.pt is a hard model from here
+        state.best, state.stage_best, state.stale = float("-inf"), float("-inf"), 0
+        if run.world.is_main:
+            tqdm.write(f"epoch {state.epoch} sampled locations after the warm start: best.pt holds the best such epoch")
     improved = score > state.best
     state.best = max(state.best, score)
     state.stage_best, state.stale = (score, 0) if score > state.stage_best else (state.stage_best, state.stale + 1)
@@ -703,10 +707,24 @@ def end_epoch(run: Run, state: TrainState) -> bool:
     run.save(state)
     if improved:
         run.save(state, "best")
-    if stopped_early(state, train) and not cross_entropy_ends(run.config, state):
+    if stopped_early(state, train) and not cross_entropy_ends(run.config, state) and not warm_start(run, state):
         tqdm.write(f"early stop: no {train.metric} gain for {state.stale} epochs")
         return False
     return True
+
+
+def warm_start(run: Run, state: TrainState) -> bool:
+    """True while hard attention's warm start (``train.expectation_epochs``) lasts, the epoch just ended included:
+    early stopping waits for the epochs that sample locations."""
+    return run.model.decoder.samples_locations and state.epoch <= run.config.train.expectation_epochs
+
+
+def sampling_begins(run: Run, state: TrainState) -> bool:
+    """True at the end of the first epoch after hard attention's warm start: its validation starts the stage of
+    epochs that sampled locations, whose best is ``best.pt`` (a run no longer than its warm start keeps the best warm
+    epoch)."""
+    warm = run.config.train.expectation_epochs
+    return bool(warm) and run.model.decoder.samples_locations and state.epoch == warm + 1
 
 
 def stopped_early(state: TrainState, train: TrainConfig) -> bool:
@@ -783,7 +801,7 @@ def _train(config: Config, world: World, device: torch.device, *, resume: bool, 
             while state.epoch < config.train.epochs:
                 if cross_entropy_ends(config, state):       # after its last epoch, or resumed there
                     begin_self_critical(run, state)
-                elif stopped_early(state, config.train):    # a resumed run that had stopped early stays stopped
+                elif stopped_early(state, config.train) and not warm_start(run, state):   # resumed after its end
                     break
                 if not train_one_epoch(run, state, stop, progress):
                     run.save(state)
