@@ -203,10 +203,10 @@ class LSTMDecoder(nn.Module):
 
         Soft and marginal: ``z_t = beta * sum_i alpha_ti a_i`` (marginal: with ``gate``, beta (N, 1 | D'), among
         the terms, which the mixture reads, with ``marginal_regions`` k < L ``top`` (N, k) the k regions of highest
-        alpha, and with ``marginal_rest: soft`` ``rest`` (N, D'), the sum over the regions outside them). Variational, in training: ``log_alpha`` (N, L) among the terms. Hard:
-        ``z_t = beta * a_{s_t}``, ``s_t`` sampled (training, ``hard_decode=sample``) or the argmax, with terms
-        ``chosen`` (N, L), ``log_prob_location``, ``entropy`` (N,); ``expectation_rows`` (N,) or
-        ``hard_decode=expectation`` use ``alpha_t`` instead.
+        alpha, and with ``marginal_rest: soft`` ``rest`` (N, D'), the sum over the regions outside them).
+        Variational, in training: ``log_alpha`` (N, L) among the terms. Hard: ``z_t = beta * a_{s_t}``, ``s_t``
+        sampled (training, ``hard_decode=sample``) or the argmax, with terms ``chosen`` (N, L), ``log_prob_location``,
+        ``entropy`` (N,); ``expectation_rows`` (N,) or ``hard_decode=expectation`` use ``alpha_t`` instead.
         """
         location_info: dict[str, torch.Tensor] = {}
         sampling = self.samples_locations and (self.training or self.config.hard_decode != "expectation")
@@ -279,9 +279,9 @@ class LSTMDecoder(nn.Module):
         and :meth:`context`'s ``terms`` of them: ``gate`` beta (N, 1 | D') where there is one, ``top`` (N, k) where
         the mixture is over the top k regions and, with ``marginal_rest: soft``, ``rest`` (N, D') the ungated
         ``sum_i alpha_ti a_i`` over the others; reading ``regions[images]`` from ``regions`` (B, L, D') and
-        ``images`` (N,). One dropout mask per row, shared by its
-        regions; computed :data:`MIXTURE_CHUNK` logits at a time (in one piece where torch.compile or torch.export
-        traces it: a loop over a dynamic number of rows cannot be traced)."""
+        ``images`` (N,). One dropout mask per row, shared by its regions; computed :data:`MIXTURE_CHUNK` logits at a
+        time (in one piece where torch.compile or torch.export traces it: a loop over a dynamic number of rows cannot
+        be traced)."""
         base = embedded + self.out_hidden(h)                                   # (N, E): what the regions share
         keep = self.dropout(torch.ones_like(base))
         gate, top, rest = (terms.get(name) for name in ("gate", "top", "rest"))
