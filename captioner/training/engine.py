@@ -27,7 +27,7 @@ from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from captioner.checkpoint import build_model, data_record, load_checkpoint, model_and_loss_states, save_checkpoint
-from captioner.config import Config, TrainConfig, complete, save_config
+from captioner.config import Config, complete, save_config
 from captioner.core.console import progress_bar
 from captioner.core.devices import describe_device
 from captioner.core.files import atomic_write
@@ -312,7 +312,7 @@ def cross_entropy_ends(config: Config, state: "TrainState") -> bool:
     ``train.early_stopping`` epochs in a row brought no gain."""
     train = config.train
     return (train.objective == "scst" and state.scst_from is None
-            and (state.epoch >= train.scst_after_epoch or stopped_early(state, train)))
+            and (state.epoch >= train.scst_after_epoch or stopped_early(state, config)))
 
 
 def wrap_model(model: Captioner, world: World, device: torch.device) -> nn.Module:
@@ -690,7 +690,7 @@ def end_epoch(run: Run, state: TrainState) -> bool:
     state.epoch += 1
     state.batch_in_epoch = 0
     score = scores[train.metric]
-    if sampling_begins(run, state):     # the warm epochs trained soft attention: best.pt is a hard model from here
+    if sampling_begins(run.config, state):     # the warm epochs trained soft attention: best.pt is a hard model from here
         state.best, state.stage_best, state.stale = float("-inf"), float("-inf"), 0
         if run.world.is_main:
             tqdm.write(f"epoch {state.epoch} sampled locations after the warm start: best.pt holds the best such epoch")
@@ -707,30 +707,34 @@ def end_epoch(run: Run, state: TrainState) -> bool:
     run.save(state)
     if improved:
         run.save(state, "best")
-    if stopped_early(state, train) and not cross_entropy_ends(run.config, state) and not warm_start(run, state):
+    if stopped_early(state, run.config) and not cross_entropy_ends(run.config, state):
         tqdm.write(f"early stop: no {train.metric} gain for {state.stale} epochs")
         return False
     return True
 
 
-def warm_start(run: Run, state: TrainState) -> bool:
-    """True while hard attention's warm start (``train.expectation_epochs``) lasts, the epoch just ended included:
-    early stopping waits for the epochs that sample locations."""
-    return run.model.decoder.samples_locations and state.epoch <= run.config.train.expectation_epochs
+def warm_epochs(config: Config) -> int:
+    """The epochs of hard attention's warm start (``train.expectation_epochs``; none for a model that samples no
+    locations): they train soft attention."""
+    samples = config.model.decoder == "lstm" and config.model.lstm.samples_locations
+    return config.train.expectation_epochs if samples else 0
 
 
-def sampling_begins(run: Run, state: TrainState) -> bool:
+def sampling_begins(config: Config, state: TrainState) -> bool:
     """True at the end of the first epoch after hard attention's warm start: its validation starts the stage of
     epochs that sampled locations, whose best is ``best.pt`` (a run no longer than its warm start keeps the best warm
     epoch)."""
-    warm = run.config.train.expectation_epochs
-    return bool(warm) and run.model.decoder.samples_locations and state.epoch == warm + 1
+    warm = warm_epochs(config)
+    return bool(warm) and state.epoch == warm + 1
 
 
-def stopped_early(state: TrainState, train: TrainConfig) -> bool:
+def stopped_early(state: TrainState, config: Config) -> bool:
     """True once ``train.early_stopping`` epochs in a row brought no gain, or after the switch to self-critical
     training ``train.scst_patience`` epochs no gain over the best self-critical epoch (a resumed run that had
-    stopped early trains no further)."""
+    stopped early trains no further); never during hard attention's warm start, which early stopping waits out."""
+    train = config.train
+    if state.epoch <= warm_epochs(config):
+        return False
     patience = train.early_stopping
     if state.scst_from is not None and train.scst_patience is not None:
         patience = train.scst_patience
@@ -801,7 +805,7 @@ def _train(config: Config, world: World, device: torch.device, *, resume: bool, 
             while state.epoch < config.train.epochs:
                 if cross_entropy_ends(config, state):       # after its last epoch, or resumed there
                     begin_self_critical(run, state)
-                elif stopped_early(state, config.train) and not warm_start(run, state):   # resumed after its end
+                elif stopped_early(state, config):    # a resumed run that had stopped early stays stopped
                     break
                 if not train_one_epoch(run, state, stop, progress):
                     run.save(state)
