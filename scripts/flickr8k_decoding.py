@@ -19,7 +19,7 @@ import argparse
 import logging
 import time
 
-from flickr8k_study import RESULTS, RUNS
+from flickr8k_study import METRICS, RESULTS, RUNS
 from flickr8k_study import made_by as study_made_by
 
 from captioner.checkpoint import load_checkpoint
@@ -38,7 +38,6 @@ DECODINGS = {"the recipe's": [],
              "beam 5, length penalty 1": ["decode.beam=5", "decode.length_penalty=1.0"]}
 SAVE = "flickr8k_decoding"
 SOURCES = (RESULTS, "flickr8k_trials")      # the study's runs, and its trials (a recipe with a few settings changed)
-METRICS = ("BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "METEOR", "ROUGE-L", "CIDEr")
 
 
 def study_entry(run: str) -> tuple[str, dict]:

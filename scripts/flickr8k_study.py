@@ -48,6 +48,7 @@ from captioner.core.console import LOG_FORMAT
 from captioner.core.process import set_up_process
 from captioner.data.feature_cache import cache_is_complete
 from captioner.errors import CaptionerError
+from captioner.evaluation.caption_metrics import METRICS
 from captioner.results.fingerprint import ConfigRef, probe_name
 from captioner.results.record import (RESULTS_DIR, add_entry, entries_made_otherwise, load_results,
                                       made_otherwise_message, why_stale)
@@ -71,7 +72,6 @@ AFTER = {"soft_scst_words": "soft_scst", "soft_scst_lite2_words": "soft_scst_lit
 ABLATION = {"soft": ["model.lstm.attention=none", "model.lstm.attention_mode=soft"],
             "hard": ["model.lstm.attention=none", "model.lstm.attention_mode=soft"],
             "transformer": ["model.transformer.memory=mean"]}
-METRICS = ("BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "METEOR", "ROUGE-L", "CIDEr")
 
 
 def made_by(kind: str, ablation: bool, extra: Sequence[str] = ()) -> tuple[list[str], list[str]]:

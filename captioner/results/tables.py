@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from captioner.evaluation.caption_metrics import METRICS
+
 
 def row(*cells) -> str:
     return "| " + " | ".join(str(cell) for cell in cells) + " |"
@@ -78,7 +80,6 @@ def decode_beside_python(result: dict) -> list[str]:
 # Xu et al. (2015), Table 1, Flickr8k (their test split; METEOR as a fraction, as pycocoevalcap reports it)
 PAPER_FLICKR8K = {"soft": {"BLEU-1": 0.67, "BLEU-2": 0.448, "BLEU-3": 0.299, "BLEU-4": 0.195, "METEOR": 0.1893},
                   "hard": {"BLEU-1": 0.67, "BLEU-2": 0.457, "BLEU-3": 0.314, "BLEU-4": 0.213, "METEOR": 0.2030}}
-CAPTION_METRICS = ("BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "METEOR", "ROUGE-L", "CIDEr")
 
 
 def mean_spread(values: list[float], digits: int = 3) -> str:
@@ -116,7 +117,7 @@ def flickr8k_full(result: dict) -> list[str]:
         return (100 * (run["val"]["CIDEr"] / start["val"]["CIDEr"] - 1),
                 100 * run["diversity"]["vocabulary_used"] / start["diversity"]["vocabulary_used"])
 
-    lines = header("run", "seeds", *CAPTION_METRICS, "words used", "distinct", "repeated bigram",
+    lines = header("run", "seeds", *METRICS, "words used", "distinct", "repeated bigram",
                    "CIDEr gain, words kept (against its cross-entropy start)", "entropy",
                    "peak / uniform", "coco-mini pointing (uniform, centre)", "coco-mini mass in mask (uniform)",
                    "train CPU min")
@@ -124,14 +125,14 @@ def flickr8k_full(result: dict) -> list[str]:
         starts = values(runs, "start")
         if starts:
             lines.append(row(f"`{recipe}`: its cross-entropy start", len(starts),
-                             *(mean_spread(values(starts, "val", m)) for m in CAPTION_METRICS),
+                             *(mean_spread(values(starts, "val", m)) for m in METRICS),
                              mean_spread(values(starts, "diversity", "vocabulary_used"), 0),
                              mean_spread(values(starts, "diversity", "distinct_captions"), 2),
                              mean_spread(values(starts, "diversity", "repeated_bigram"), 2), *(["–"] * 6)))
         pointing = values(runs, "coco_mini", "pointing_accuracy")
         gains = [pair for run in runs if (pair := against_start(run))]
         lines.append(row(f"`{recipe}`" + (" without attention" if ablation else ""), len(runs),
-                         *(mean_spread(values(runs, "val", m)) for m in CAPTION_METRICS),
+                         *(mean_spread(values(runs, "val", m)) for m in METRICS),
                          mean_spread(values(runs, "diversity", "vocabulary_used"), 0),
                          mean_spread(values(runs, "diversity", "distinct_captions"), 2),
                          mean_spread(values(runs, "diversity", "repeated_bigram"), 2),
@@ -147,7 +148,7 @@ def flickr8k_full(result: dict) -> list[str]:
                          mean_spread([s / 60 for s in values(runs, "train_cpu_seconds")], 0)))
     for name, scores in PAPER_FLICKR8K.items():
         lines.append(row(f"Xu et al. 2015, {name} (test split)", "–",
-                         *(number(scores.get(m)) for m in CAPTION_METRICS), *(["–"] * 9)))
+                         *(number(scores.get(m)) for m in METRICS), *(["–"] * 9)))
     return lines
 
 
@@ -155,7 +156,7 @@ def flickr8k_trials(result: dict) -> list[str]:
     """Trials of the Flickr8k study's recipes (``scripts/flickr8k_study.py KIND --save flickr8k_trials``): what each
     changed, the validation subset's CIDEr per epoch (its best in bold), the training wall time, and the best
     checkpoint on all 1,000 validation photos."""
-    lines = header("trial", "recipe", "changes", "val CIDEr by epoch (subset)", "train min", *CAPTION_METRICS[3:],
+    lines = header("trial", "recipe", "changes", "val CIDEr by epoch (subset)", "train min", *METRICS[3:],
                    "words used", "distinct")
     for name, run in sorted(result["runs"].items()):
         curve = [point["CIDEr"] for point in run["val_curve"]]
@@ -164,7 +165,7 @@ def flickr8k_trials(result: dict) -> list[str]:
                          ", ".join(f"`{o}`" for o in run["overrides"] if not o.startswith("run.")) or "–",
                          ", ".join(f"**{number(c)}**" if i == best else number(c) for i, c in enumerate(curve)),
                          number(run["train_seconds"] / 60, 1),
-                         *(number(run["val"][m]) for m in CAPTION_METRICS[3:]),
+                         *(number(run["val"][m]) for m in METRICS[3:]),
                          run["diversity"]["vocabulary_used"], number(run["diversity"]["distinct_captions"], 2)))
     return lines
 
@@ -369,10 +370,10 @@ def scst_diagnosis(result: dict) -> list[str]:
 def flickr8k_ensembles(result: dict) -> list[str]:
     """Ensembles of the Flickr8k study's runs (``scripts/flickr8k_ensemble.py``) on the 1,000 validation photos, with
     the CPU time their members took to train together."""
-    lines = header("members", *CAPTION_METRICS, "words used", "distinct", "members' train CPU min")
+    lines = header("members", *METRICS, "words used", "distinct", "members' train CPU min")
     for entry in result["ensembles"].values():
         lines.append(row(" + ".join(f"`{m}`" for m in entry["members"]),
-                         *(number(entry["val"][m]) for m in CAPTION_METRICS),
+                         *(number(entry["val"][m]) for m in METRICS),
                          entry["diversity"]["vocabulary_used"], number(entry["diversity"]["distinct_captions"], 2),
                          number(entry["members_train_cpu_seconds"] / 60, 0)))
     return lines
