@@ -365,6 +365,20 @@ def test_hard_attention_warm_start_reads_the_expectation_then_samples(tiny_coco,
         torch.testing.assert_close(weight, second[name], rtol=0, atol=0)
 
 
+def test_the_papers_switch_per_minibatch_holds_for_the_whole_run(tiny_coco, tmp_path):
+    """``capgen.py``'s training: each step reads alpha's expectation with probability 0.5, drawn once for all its
+    captions, in every epoch (not a warm start that ends)."""
+    paper = {"lstm": {"attention_mode": "hard", "expectation_probability": 0.5, "expectation_draw": "batch"}}
+    train(tiny_config(tiny_coco, tmp_path, model=paper, train={"epochs": 4, "expectation_epochs": 0},
+                      run={"seed": 1}))
+    steps = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    reinforce = [s["reinforce"] for s in steps if s["type"] == "train"]
+    on_expectation = [r == 0 for r in reinforce]                  # no location sampled in that step
+    half = len(reinforce) // 2
+    for part in (on_expectation[:half], on_expectation[half:]):  # both kinds of step, early and late in the run
+        assert any(part) and not all(part)
+
+
 def test_learning_rate_schedules_per_step():
     warm = learning_rates("rsqrt", warmup=4, steps=16)
     assert warm[:4] == pytest.approx([0.25, 0.5, 0.75, 1.0])                     # linear warm-up
