@@ -4,7 +4,7 @@ or CC0, see ``skimage.data``), not the research-only Flickr or COCO images. The 
     python scripts/real_photo_figure.py runs/flickr8k_soft/best.pt --photo astronaut --out docs/flickr_attention.png
     python scripts/real_photo_figure.py runs/flickr8k_full_soft/best.pt runs/flickr8k_full_hard/best.pt \
         runs/flickr8k_full_marginal/best.pt --label soft --label hard --label marginal --photo astronaut \
-        --width 720 --out docs/soft_hard_marginal_attention.png
+        --width 600 --out docs/soft_hard_marginal_attention.png
 
 It writes the photo to a temporary PNG and runs what ``captioner attend`` runs on it, once per checkpoint; several
 checkpoints' figures are stacked, one above the other, each titled with its label.
