@@ -23,7 +23,6 @@ in ``benchmarks/results/recipe_epochs.json``; ``--quick`` and other ``--images``
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import tempfile
 import time
@@ -31,13 +30,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from common import FLICKR8K_VOCAB, add_arguments, setup, write_synthetic_cache
+from common import CAPTION_WORDS, add_arguments, setup, stand_in_flickr8k
 
 from captioner.checkpoint import load_checkpoint
 from captioner.config import apply_overrides, load_config, recipes
 from captioner.core.devices import usable_cores
 from captioner.data.vocabulary import Vocabulary
-from captioner.models.encoder import build_encoder
 from captioner.results.record import add_entry, machine_block
 from captioner.results.tables import entry_key
 from captioner.training.engine import train
@@ -45,21 +43,6 @@ from captioner.workflows.report import read_metrics
 
 RECIPES = sorted(n for n in recipes() if n.startswith("flickr8k_full_") and not load_config(n).train.init_from)
 IMAGES = {"train": 6000, "val": 1000}
-CAPTION_WORDS = (8, 16)
-
-
-def stand_in_split_file(path: Path, images: dict[str, int], vocab: int, generator: np.random.Generator) -> None:
-    """A Karpathy split file of ``images`` per split, five captions of random words ``w0 .. w{vocab-1}`` each."""
-    entries = []
-    for split, count in images.items():
-        for _ in range(count):
-            lengths = generator.integers(CAPTION_WORDS[0], CAPTION_WORDS[1] + 1, size=5)
-            sentences = [{"raw": " ".join(f"w{w}" for w in generator.integers(0, vocab, size=n))} for n in lengths]
-            entries.append({"filename": f"{len(entries)}.jpg", "imgid": len(entries), "split": split,
-                            "sentences": sentences})
-    path.write_text(json.dumps({"images": entries}))
-
-
 def epoch_times(run_dir: Path, scst_from: int | None) -> dict[str, list[dict]]:
     """Each epoch's training and validation seconds from the run's ``metrics.jsonl``, by objective (the epochs after
     ``scst_from`` are self-critical)."""
@@ -104,14 +87,9 @@ def main() -> None:
     generator = np.random.default_rng(0)
     with tempfile.TemporaryDirectory() as folder:
         folder = Path(folder)
-        stand_in_split_file(folder / "dataset.json", images, FLICKR8K_VOCAB, generator)
-        built = build_encoder(dataclasses.replace(config.encoder, pretrained=False))   # its grid and feature size
-        write_synthetic_cache(folder / "features", list(range(sum(images.values()))), built.grid, built.feature_dim,
-                              dataclasses.asdict(config.encoder), tuple(images))
-        overrides = [f"data.karpathy={folder / 'dataset.json'}", f"data.image_root={folder}",
-                     f"data.features={folder / 'features'}", f"run.out={folder / 'run'}", f"run.device={device}",
-                     f"train.epochs={xe_epochs + scst_epochs}", "train.early_stopping=0", "train.wandb=disabled",
-                     "encoder.pretrained=false"]     # the features stand in for the encoder's: no weights needed
+        overrides = stand_in_flickr8k(folder, config, images, generator) + [
+            f"run.out={folder / 'run'}", f"run.device={device}", f"train.epochs={xe_epochs + scst_epochs}",
+            "train.early_stopping=0", "train.wandb=disabled"]
         if scst:
             overrides += [f"train.scst_after_epoch={xe_epochs}", "train.scst_patience=null"]   # early stopping's: off
         started = time.perf_counter()

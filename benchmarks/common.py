@@ -60,6 +60,39 @@ def write_synthetic_cache(folder: Path, image_ids: list[int], grid: tuple[int, i
     return (folder / "features.npy").stat().st_size / 1e9
 
 
+CAPTION_WORDS = (8, 16)
+"""The fewest and most words of a stand-in caption (:func:`stand_in_flickr8k`)."""
+
+
+def stand_in_split_file(path: Path, images: dict[str, int], vocab: int, generator: np.random.Generator) -> None:
+    """A Karpathy split file of ``images`` per split, five captions of random words ``w0 .. w{vocab-1}`` each."""
+    entries = []
+    for split, count in images.items():
+        for _ in range(count):
+            lengths = generator.integers(CAPTION_WORDS[0], CAPTION_WORDS[1] + 1, size=5)
+            sentences = [{"raw": " ".join(f"w{w}" for w in generator.integers(0, vocab, size=n))} for n in lengths]
+            entries.append({"filename": f"{len(entries)}.jpg", "imgid": len(entries), "split": split,
+                            "sentences": sentences})
+    path.write_text(json.dumps({"images": entries}))
+
+
+def stand_in_flickr8k(folder: Path, config, images: dict[str, int], generator: np.random.Generator) -> list[str]:
+    """Data of the full Flickr8k's shape without its photos, in ``folder``: a split file of ``images`` per split
+    (:func:`stand_in_split_file`, a vocabulary as large as the Flickr8k recipes') and a feature cache of them in the
+    shape of ``config``'s encoder; returns the overrides that train ``config`` on it."""
+    import dataclasses
+
+    from captioner.models.encoder import build_encoder
+
+    stand_in_split_file(folder / "dataset.json", images, FLICKR8K_VOCAB, generator)
+    built = build_encoder(dataclasses.replace(config.encoder, pretrained=False))   # its grid and feature size
+    write_synthetic_cache(folder / "features", list(range(sum(images.values()))), built.grid, built.feature_dim,
+                          dataclasses.asdict(config.encoder), tuple(images))
+    return [f"data.karpathy={folder / 'dataset.json'}", f"data.image_root={folder}",
+            f"data.features={folder / 'features'}",
+            "encoder.pretrained=false"]     # the features stand in for the encoder's: no weights needed
+
+
 def training_step(decoder: torch.nn.Module, features: torch.Tensor, optimizer: torch.optim.Optimizer,
                   loss_of: Callable[[object, torch.Tensor], dict[str, torch.Tensor]],
                   grad_clip: float = 0.0) -> Callable[[torch.Tensor], int]:

@@ -287,6 +287,25 @@ def process_setup(result: dict) -> list[str]:
     return lines
 
 
+def engine_step(result: dict) -> list[str]:
+    """The training engine's step against the bare step on the same batches, alternated in one run
+    (``benchmarks/bench_engine_step.py``): median milliseconds of each part, the parts the bare step lacks timed
+    alone, and the bare step's time over the engine's (median of the rounds, with their range)."""
+    lines = header("config", "precision", "words per step", "engine ms: loader + forward + backward and update",
+                   "bare ms: forward + backward and Adam", "clipping ms", "moving average ms", "bare / engine")
+    for entry in result["workloads"]:
+        engine, bare, extras = entry["engine_ms"], entry["bare_ms"], entry["extras_ms"]
+        low, high = entry["bare_over_engine_min_max"]
+        lines.append(row(f"`{entry['config']}`", entry["precision"], number(entry["target_words_per_step"], 0),
+                         f"{number(engine['total'], 0)} = {number(engine['loader'], 1)} + "
+                         f"{number(engine['forward'], 0)} + {number(engine['backward_update'], 0)}",
+                         f"{number(bare['total'], 0)} = {number(bare['forward'], 0)} + "
+                         f"{number(bare['backward_update'], 0)}",
+                         number(extras["grad_clip"], 1), number(extras["average_update"], 1),
+                         f"{number(entry['bare_over_engine'], 2)} ({number(low, 2)}-{number(high, 2)})"))
+    return lines
+
+
 def duration(seconds: float) -> str:
     """A wall time for people: ``11 s``, ``9.0 min``, ``42 min``, ``1.8 h``."""
     if seconds < 120:
@@ -465,4 +484,5 @@ TABLES: dict[str, Callable[[dict], list[str]]] = {
     "recipe_times": recipe_times, "flickr8k_ensembles": flickr8k_ensembles, "own_photos": own_photos,
     "scst_diagnosis": scst_diagnosis, "scst_diagnosis_full": scst_diagnosis, "cuda_check": cuda_check,
     "marginal_attention": marginal_attention, "flickr8k_trials": flickr8k_trials,
-    "recipe_speed": recipe_speed, "process_setup": process_setup, "flickr8k_decoding": flickr8k_decoding}
+    "recipe_speed": recipe_speed, "process_setup": process_setup, "engine_step": engine_step,
+    "flickr8k_decoding": flickr8k_decoding}
