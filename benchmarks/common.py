@@ -5,6 +5,7 @@ the emulation of a CPU with fewer vector extensions (``--isa``) with the facts o
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -17,6 +18,7 @@ import numpy as np
 import torch
 
 from captioner.decoding.search import TokenRules
+from captioner.models.encoder import build_encoder
 from captioner.results.record import cpu_flags
 
 START, END = 1, 2
@@ -80,10 +82,6 @@ def stand_in_flickr8k(folder: Path, config, images: dict[str, int], generator: n
     """Data of the full Flickr8k's shape without its photos, in ``folder``: a split file of ``images`` per split
     (:func:`stand_in_split_file`, a vocabulary as large as the Flickr8k recipes') and a feature cache of them in the
     shape of ``config``'s encoder; returns the overrides that train ``config`` on it."""
-    import dataclasses
-
-    from captioner.models.encoder import build_encoder
-
     stand_in_split_file(folder / "dataset.json", images, FLICKR8K_VOCAB, generator)
     built = build_encoder(dataclasses.replace(config.encoder, pretrained=False))   # its grid and feature size
     write_synthetic_cache(folder / "features", list(range(sum(images.values()))), built.grid, built.feature_dim,
