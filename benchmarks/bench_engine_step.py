@@ -12,8 +12,9 @@ engine time is the median over the rounds, with its min-max. Each part of the en
 loader's batch, the forward pass and loss, the backward pass and update), and after each bare step the parts the
 bare step lacks, alone: the gradient clipping and the moving average's update.
 
-    python benchmarks/bench_engine_step.py flickr8k_full_soft "flickr8k_full_soft train.ema_decay=0.999" \\
-        [--rounds N] [--steps N] [--threads N] [--quick]     # --quick: rough numbers, printed and not saved
+    python benchmarks/bench_engine_step.py [CONFIG ...] [--rounds N] [--steps N] [--threads N] [--device auto]
+        [--quick]       # --quick: rough numbers, printed and not saved
+    python benchmarks/bench_engine_step.py flickr8k_full_soft "flickr8k_full_soft train.ema_decay=0.999"
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ from captioner.training.engine import TrainState, build_run, decide_precision, d
 from captioner.training.precision import autocast
 from captioner.training.run_io import GracefulStop
 
+CONFIGS = ("flickr8k_full_soft", "flickr8k_full_transformer")
+"""What ``make bench`` measures: the LSTM's and the Transformer's recipes."""
 IMAGES = {"train": 1000, "val": 8}
 """Stand-in images per split: 5,000 training captions, 78 batches of 64."""
 
@@ -145,8 +148,9 @@ def median_ms(times: list[dict]) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("configs", nargs="+", metavar="CONFIG",
-                        help="'RECIPE [OVERRIDE ...]', a shipped flickr8k_full_ recipe with settings on top")
+    parser.add_argument("configs", nargs="*", metavar="CONFIG", default=list(CONFIGS),
+                        help="'RECIPE [OVERRIDE ...]', a shipped flickr8k_full_ recipe with settings on top "
+                        f"(default: {', '.join(CONFIGS)})")
     parser.add_argument("--rounds", type=int, default=8, help="rounds of engine and bare steps (default 8)")
     parser.add_argument("--steps", type=int, default=6, help="steps of each kind per round (default 6)")
     add_arguments(parser)

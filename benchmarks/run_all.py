@@ -10,8 +10,9 @@ full-scale COCO rehearsal (a COCO-2014-shaped tree of 10,000, 40,000 and 123,287
 line, each stage's time and peak memory; about 10 minutes on a 2-core CPU and 1.1 GB kept under /tmp/coco_scale;
 --quick: one tree of 500 images in a temporary folder, a minute), and ONNX Runtime against torch for decoding (the COCO
 recipes' decoders, greedy and beam 3, 1 and 16 images) and encoding, and marginal attention's cost beside soft
-attention's (training words/s and beam-search images/s over all regions and the k of highest alpha). Each script
-also runs alone; each prints its JSON and writes it, with the machine and what made its numbers, to
+attention's (training words/s and beam-search images/s over all regions and the k of highest alpha), and the
+training engine's step against the bare step of the soft and Transformer recipes (what its loader, gradient clipping
+and moving average add). Each script also runs alone; each prints its JSON and writes it, with the machine and what made its numbers, to
 benchmarks/results/NAME.json (the docs' results tables are rendered from those files: captioner.results).
 
     python benchmarks/run_all.py [--quick] [--threads N] [--device auto] [--only NAME ...] [--out results.json]
@@ -32,7 +33,8 @@ SCRIPTS = {"lstm_decoder": ("bench_decoder.py", False), "transformer_decoder": (
            "cache_memory": ("bench_cache_memory.py", False), "scst": ("bench_scst.py", True),
            "serve": ("bench_serve.py", True), "decode_beside_python": ("bench_decode_beside_python.py", False),
            "serve_soak": ("bench_serve_soak.py", True), "coco_scale": ("bench_coco_scale.py", False),
-           "onnx": ("bench_onnx.py", False), "marginal_attention": ("bench_marginal.py", True)}
+           "onnx": ("bench_onnx.py", False), "marginal_attention": ("bench_marginal.py", True),
+           "engine_step": ("bench_engine_step.py", True)}
 
 
 def main() -> int:
