@@ -33,14 +33,12 @@ from common import add_arguments, machine_facts, setup, stand_in_flickr8k, synch
 from captioner.config import apply_overrides
 from captioner.core.devices import resolve_device, usable_cores
 from captioner.core.process import set_up_process
-from captioner.data.dataset import visual_inputs
 from captioner.errors import CaptionerError
 from captioner.results.fingerprint import ConfigRef, probe_name
 from captioner.results.record import report
 from captioner.training.averaging import WeightAverage
 from captioner.training.distributed import World
 from captioner.training.engine import TrainState, build_run, decide_precision, decoder_loss, optimizer_step
-from captioner.training.precision import autocast
 from captioner.training.run_io import GracefulStop
 
 CONFIGS = ("flickr8k_full_soft", "flickr8k_full_transformer")
@@ -56,12 +54,10 @@ def clock(run) -> float:
 
 
 def bare_step(run, batch: dict) -> tuple[dict[str, float], int]:
-    """Forward, loss, backward and Adam of ``run``'s model on ``batch``; the seconds of each part, and the target
-    words."""
+    """The engine's forward pass and loss (:func:`~captioner.training.engine.decoder_loss`), then backward and Adam
+    alone, of ``run``'s model on ``batch``; the seconds of each part, and the target words."""
     times, started = {}, clock(run)
-    captions = batch["captions"].to(run.device)
-    with autocast(run.device, run.precision.amp):
-        losses = run.loss(run.net(captions, **visual_inputs(batch, run.device)), captions[:, 1:])
+    losses = decoder_loss(run, batch)
     times["forward"] = clock(run) - started
     started = clock(run)
     run.optimizer.zero_grad(set_to_none=True)
