@@ -113,6 +113,22 @@ def test_region_norm_makes_the_decoder_blind_to_the_features_scale():
     torch.testing.assert_close(small.alpha, large.alpha, rtol=1e-4, atol=1e-5)
 
 
+def test_word_and_region_dropout_act_in_training_only_and_drop_what_they_name():
+    plain = make_decoder(region_norm="layer")
+    dropped = make_decoder(region_norm="layer", word_dropout=0.5, region_dropout=0.5)
+    assert dropped.load_state_dict(plain.state_dict()) is not None     # no parameters of their own
+    features, captions = torch.randn(3, 12, 16), captions_batch()
+    plain.eval(), dropped.eval()
+    torch.testing.assert_close(dropped(features, captions).logits, plain(features, captions).logits)
+    dropped.train()
+    regions, words = dropped.prepare_regions(features), dropped.embed(captions)
+    normed, embedded = plain.prepare_regions(features), plain.embedding(captions)
+    for out, clean in ((regions, normed), (words, embedded)):
+        kept = out != 0
+        assert 0.3 < kept.float().mean() < 0.7                            # about half dropped
+        torch.testing.assert_close(out[kept], 2 * clean[kept])           # the rest scaled by 1 / (1 - p)
+
+
 def test_loss_ignores_padding():
     decoder = make_decoder().eval()
     features, captions = torch.randn(3, 12, 16), captions_batch()

@@ -74,6 +74,9 @@ class LSTMDecoderConfig:
     embed_dim: int = setting(512, "word embedding size (and of the deep output layer)", minimum=1)
     hidden_dim: int = setting(512, "LSTM state size", minimum=1)
     dropout: float = setting(0.5, "before the output layer", minimum=0, below=1)
+    word_dropout: float = setting(0.0, "on the word embeddings E y_{t-1}, wherever they are read", minimum=0, below=1)
+    region_dropout: float = setting(0.0, "on the regions (after region_norm), before anything reads them", minimum=0,
+                                    below=1)
     gate: str = setting("scalar", "scalar | vector | none (the paper's beta gate)",
                         choices=("scalar", "vector", "none"))
     learned_sharpness: bool = setting(False, "a learned inverse temperature exp(s) on the attention scores")
@@ -161,6 +164,8 @@ class LSTMDecoder(nn.Module):
         self.out_hidden = nn.Linear(c.hidden_dim, c.embed_dim)                  # L_h
         self.out_context = nn.Linear(d, c.embed_dim, bias=False)               # L_z
         self.dropout = nn.Dropout(c.dropout)
+        self.word_dropout = nn.Dropout(c.word_dropout) if c.word_dropout else None
+        self.region_dropout = nn.Dropout(c.region_dropout) if c.region_dropout else None
         self.out_words = nn.Linear(c.embed_dim, c.vocab_size)                   # L_o
         if self.variational:        # q(s_t | a, h_{t-1}, y): the caption read both ways, scored as alpha is
             self.caption_reader = nn.LSTM(c.embed_dim, c.posterior_dim, batch_first=True, bidirectional=True)
@@ -181,13 +186,20 @@ class LSTMDecoder(nn.Module):
     def prepare_regions(self, features: torch.Tensor) -> torch.Tensor:
         """Encoder features ``(B, L, D)`` -> regions ``(B, L, D')``: normalised per region if set (CNN features
         such as VGG's conv5_4 are sparse and of norms in the hundreds, which saturates the additive score's tanh
-        and the initial state's), with the position code appended if set."""
+        and the initial state's), with region dropout in training and the position code appended if set."""
         if self.region_norm is not None:
             features = self.region_norm(features)
+        if self.region_dropout is not None:
+            features = self.region_dropout(features)
         if self.config.region_position == "sinusoidal":
             code = self.position_code.to(features.dtype).expand(features.shape[0], -1, -1)
             features = torch.cat([features, code], dim=-1)
         return features
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Word embeddings ``E y`` (..., E) of ``tokens`` (...), with word dropout if set."""
+        embedded = self.embedding(tokens)
+        return embedded if self.word_dropout is None else self.word_dropout(embedded)
 
     def initial_hidden(self, regions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``h_0, c_0`` (B, H): ``f_init,h`` and ``f_init,c`` of the mean region (§3.1.2)."""
@@ -357,7 +369,7 @@ class LSTMDecoder(nn.Module):
         to_packed = position.t().index_select(0, inverse)                    # (B, T), callers' order; W at padding
         regions = self.prepare_regions(features.index_select(0, order))
         keys = self.attention.project_regions(regions)
-        embedded = self.embedding(captions[:, :-1].index_select(0, order).t()[runs])       # (W, E), packed
+        embedded = self.embed(captions[:, :-1].index_select(0, order).t()[runs])            # (W, E), packed
         h, c = self.initial_hidden(regions)
         if sampling:
             running_expectation = expectation_rows.index_select(0, order)
@@ -509,7 +521,7 @@ class LSTMDecoder(nn.Module):
     def step(self, tokens: torch.Tensor, state: dict[str, torch.Tensor]):
         """One word: ``tokens`` (N,) previous words -> ``log_probs`` (N, V), new state, and the word's
         attention ``{"alpha": (N, L)}`` plus ``"chosen"`` (N, L) one-hot for hard attention."""
-        embedded = self.embedding(tokens)
+        embedded = self.embed(tokens)
         z, alpha, location_info = self.context(state["regions"], state.get("keys"), state["h"])
         # one product over [z; h] here (a teacher-forced step splits it in two, to fuse the h part with the
         # query's and the gate's): for the few rows of a search, two products over column halves cost more
