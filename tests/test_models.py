@@ -116,9 +116,10 @@ def test_region_norm_makes_the_decoder_blind_to_the_features_scale():
 def test_word_and_region_dropout_act_in_training_only_and_drop_what_they_name():
     plain = make_decoder(region_norm="layer")
     dropped = make_decoder(region_norm="layer", word_dropout=0.5, region_dropout=0.5)
-    assert dropped.load_state_dict(plain.state_dict()) is not None     # no parameters of their own
+    dropped.load_state_dict(plain.state_dict())          # strict: the dropouts have no parameters of their own
     features, captions = torch.randn(3, 12, 16), captions_batch()
-    plain.eval(), dropped.eval()
+    plain.eval()
+    dropped.eval()
     torch.testing.assert_close(dropped(features, captions).logits, plain(features, captions).logits)
     dropped.train()
     regions, words = dropped.prepare_regions(features), dropped.embed(captions)
