@@ -12,8 +12,9 @@ line, each stage's time and peak memory; about 10 minutes on a 2-core CPU and 1.
 recipes' decoders, greedy and beam 3, 1 and 16 images) and encoding, and marginal attention's cost beside soft
 attention's (training words/s and beam-search images/s over all regions and the k of highest alpha), and the
 training engine's step against the bare step of the soft and Transformer recipes (what its loader, gradient clipping
-and moving average add). Each script also runs alone; each prints its JSON and writes it, with the machine and what made its numbers, to
-benchmarks/results/NAME.json (the docs' results tables are rendered from those files: captioner.results).
+and moving average add). Each script also runs alone; each prints its JSON and writes it, with the machine and what
+made its numbers, to benchmarks/results/NAME.json (the docs' results tables are rendered from those files:
+captioner.results).
 
     python benchmarks/run_all.py [--quick] [--threads N] [--device auto] [--only NAME ...] [--out results.json]
 """
