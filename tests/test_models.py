@@ -130,6 +130,18 @@ def test_word_and_region_dropout_act_in_training_only_and_drop_what_they_name():
         torch.testing.assert_close(out[kept], 2 * clean[kept])           # the rest scaled by 1 / (1 - p)
 
 
+def test_region_embed_is_what_everything_reads():
+    decoder = make_decoder(region_norm="layer", region_embed=8, region_position="sinusoidal", position_dim=4).eval()
+    features = torch.randn(3, 12, 16)
+    regions = decoder.prepare_regions(features)
+    assert regions.shape == (3, 12, 8 + 4) and decoder.context_dim == 12
+    embedded = regions[..., :8]
+    torch.testing.assert_close(embedded, torch.relu(decoder.region_embed[0](decoder.region_norm(features))))
+    assert (embedded >= 0).all() and (embedded == 0).any()              # ReLU(W_e a + b_e): sparse, non-negative
+    assert decoder.init_h.in_features == decoder.recurrent_gates.in_features - 14 == 12   # H = 14
+    assert decoder(features, captions_batch()).logits.shape == (12, 30)
+
+
 def test_loss_ignores_padding():
     decoder = make_decoder().eval()
     features, captions = torch.randn(3, 12, 16), captions_batch()
@@ -387,7 +399,8 @@ def stepwise_loss(decoder, features, captions) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("kind, options", [("additive", {}), ("additive", {"gate": "vector", "learned_sharpness": True}),
-                                           ("dot", {"gate": "none"}), ("general", {}), ("none", {})])
+                                           ("dot", {"gate": "none"}), ("general", {}), ("none", {}),
+                                           ("additive", {"region_norm": "layer", "region_embed": 8})])
 def test_teacher_forcing_has_the_gradients_of_word_by_word_steps(kind, options, monkeypatch):
     """The packed, step-major teacher forcing (one product for the weights' gradients over all words, one node
     for the additive score, one for the loss) against the decode-step interface run word by word under

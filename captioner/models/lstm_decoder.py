@@ -75,8 +75,12 @@ class LSTMDecoderConfig:
     hidden_dim: int = setting(512, "LSTM state size", minimum=1)
     dropout: float = setting(0.5, "before the output layer", minimum=0, below=1)
     word_dropout: float = setting(0.0, "on the word embeddings E y_{t-1}, wherever they are read", minimum=0, below=1)
-    region_dropout: float = setting(0.0, "on the regions (after region_norm), before anything reads them", minimum=0,
-                                    below=1)
+    region_embed: int = setting(
+        0, "size of a learned map of each region, ReLU(W_e a_i + b_e) after region_norm, that everything then reads in "
+        "place of the features (the self-critical code base's att_embed); 0: none, the features are read as they are",
+        minimum=0)
+    region_dropout: float = setting(0.0, "on the regions (after region_norm and region_embed), before anything reads "
+                                    "them", minimum=0, below=1)
     gate: str = setting("scalar", "scalar | vector | none (the paper's beta gate)",
                         choices=("scalar", "vector", "none"))
     learned_sharpness: bool = setting(False, "a learned inverse temperature exp(s) on the attention scores")
@@ -152,7 +156,10 @@ class LSTMDecoder(nn.Module):
         if position_dim:
             self.register_buffer("position_code", grid_code(tuple(c.grid), position_dim), persistent=False)
         self.region_norm = nn.LayerNorm(c.region_dim) if c.region_norm == "layer" else None
-        self.context_dim = d = c.region_dim + position_dim
+        self.region_embed = None
+        if c.region_embed:
+            self.region_embed = nn.Sequential(nn.Linear(c.region_dim, c.region_embed), nn.ReLU())
+        self.context_dim = d = (c.region_embed or c.region_dim) + position_dim
         self.embedding = nn.Embedding(c.vocab_size, c.embed_dim)
         self.attention = RegionAttention(c.attention, d, c.hidden_dim, c.attention_dim, c.learned_sharpness,
                                          c.score_activation)
@@ -186,9 +193,12 @@ class LSTMDecoder(nn.Module):
     def prepare_regions(self, features: torch.Tensor) -> torch.Tensor:
         """Encoder features ``(B, L, D)`` -> regions ``(B, L, D')``: normalised per region if set (CNN features
         such as VGG's conv5_4 are sparse and of norms in the hundreds, which saturates the additive score's tanh
-        and the initial state's), with region dropout in training and the position code appended if set."""
+        and the initial state's), mapped by the learned region embedding if set, with region dropout in training and
+        the position code appended if set."""
         if self.region_norm is not None:
             features = self.region_norm(features)
+        if self.region_embed is not None:
+            features = self.region_embed(features)
         if self.region_dropout is not None:
             features = self.region_dropout(features)
         if self.config.region_position == "sinusoidal":
