@@ -105,12 +105,25 @@ def test_one_node_for_all_prefixes_gives_the_gradients_of_plain_slices(monkeypat
         torch.testing.assert_close(fused[name], sliced[name], rtol=1e-5, atol=1e-6, msg=name)
 
 
-def test_region_norm_makes_the_decoder_blind_to_the_features_scale():
-    decoder = make_decoder(region_norm="layer", dropout=0.0).eval()
+@pytest.mark.parametrize("norm", ["layer", "image"])
+def test_region_norm_makes_the_decoder_blind_to_the_features_scale(norm):
+    decoder = make_decoder(region_norm=norm, dropout=0.0).eval()
     features, captions = torch.randn(3, 12, 16), captions_batch()
-    small, large = decoder(features, captions), decoder(features * 100.0, captions)
+    small, large = decoder(features, captions), decoder(features * torch.tensor([100.0, 2.0, 7.0])[:, None, None],
+                                                        captions)
     torch.testing.assert_close(small.logits, large.logits, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(small.alpha, large.alpha, rtol=1e-4, atol=1e-5)
+
+
+def test_image_norm_keeps_the_regions_relative_strengths():
+    norm = make_decoder(region_norm="image").region_norm
+    features = torch.randn(2, 12, 16).relu() * torch.linspace(0.0, 50.0, 12)[:, None]     # region 0 silent
+    normed = norm(features)
+    assert normed.shape == features.shape
+    assert torch.equal(normed[:, 0], torch.zeros(2, 16))                                # nothing stays nothing
+    ratio = normed.norm(dim=2) / features.norm(dim=2).clamp_min(1e-9)                   # one scale per image
+    torch.testing.assert_close(ratio[:, 1:], ratio[:, 1:2].expand(-1, 11))
+    torch.testing.assert_close(normed.pow(2).mean(dim=(1, 2)), torch.ones(2))           # unit mean square
 
 
 def test_word_and_region_dropout_act_in_training_only_and_drop_what_they_name():
@@ -400,7 +413,8 @@ def stepwise_loss(decoder, features, captions) -> torch.Tensor:
 
 @pytest.mark.parametrize("kind, options", [("additive", {}), ("additive", {"gate": "vector", "learned_sharpness": True}),
                                            ("dot", {"gate": "none"}), ("general", {}), ("none", {}),
-                                           ("additive", {"region_norm": "layer", "region_embed": 8})])
+                                           ("additive", {"region_norm": "layer", "region_embed": 8}),
+                                           ("additive", {"region_norm": "image"})])
 def test_teacher_forcing_has_the_gradients_of_word_by_word_steps(kind, options, monkeypatch):
     """The packed, step-major teacher forcing (one product for the weights' gradients over all words, one node
     for the additive score, one for the loss) against the decode-step interface run word by word under

@@ -84,8 +84,10 @@ class LSTMDecoderConfig:
     gate: str = setting("scalar", "scalar | vector | none (the paper's beta gate)",
                         choices=("scalar", "vector", "none"))
     learned_sharpness: bool = setting(False, "a learned inverse temperature exp(s) on the attention scores")
-    region_norm: str = setting("none", "none | layer: LayerNorm over each region's features before anything reads them",
-                               choices=("none", "layer"))
+    region_norm: str = setting(
+        "none", "none | layer: LayerNorm over each region's features before anything reads them | image: the image's "
+        "whole map divided by its root mean square (one scale per image, so the regions keep their relative "
+        "strengths), with a gain and a bias per feature", choices=("none", "layer", "image"))
     region_position: str = setting("none", "none | sinusoidal: a grid position code appended to each region",
                                    choices=("none", "sinusoidal"))
     position_dim: int = setting(32, "size of that code (a multiple of 4)", minimum=4)
@@ -142,6 +144,22 @@ MIXTURE_CHUNK = 1 << 24
 training each piece but the last is recomputed in the backward pass instead of kept, so memory stays bounded by it."""
 
 
+class ImageNorm(nn.Module):
+    """Regions ``(B, L, D)`` divided by the root mean square of their image's whole map, times a gain and plus a bias
+    per feature (D,): one scale per image, where LayerNorm gives each region its own."""
+
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.bias = nn.Parameter(torch.zeros(dim))
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        wide = widened(features)
+        scale = torch.rsqrt(wide.pow(2).mean(dim=(1, 2), keepdim=True) + self.eps)
+        return (wide * scale).to(features.dtype) * self.weight + self.bias
+
+
 class LSTMDecoder(nn.Module):
     """The paper's LSTM decoder (its gating, initial state and deep output) with soft, hard, marginal or variational
     attention (``attention_mode``)."""
@@ -155,7 +173,8 @@ class LSTMDecoder(nn.Module):
         position_dim = c.position_dim if c.region_position == "sinusoidal" else 0
         if position_dim:
             self.register_buffer("position_code", grid_code(tuple(c.grid), position_dim), persistent=False)
-        self.region_norm = nn.LayerNorm(c.region_dim) if c.region_norm == "layer" else None
+        norms = {"layer": nn.LayerNorm, "image": ImageNorm}
+        self.region_norm = norms[c.region_norm](c.region_dim) if c.region_norm in norms else None
         self.region_embed = None
         if c.region_embed:
             self.region_embed = nn.Sequential(nn.Linear(c.region_dim, c.region_embed), nn.ReLU())
