@@ -210,10 +210,10 @@ class LSTMDecoder(nn.Module):
 
     # -- pieces shared by teacher forcing and step-by-step decoding ---------------------------------
     def prepare_regions(self, features: torch.Tensor) -> torch.Tensor:
-        """Encoder features ``(B, L, D)`` -> regions ``(B, L, D')``: normalised per region if set (CNN features
-        such as VGG's conv5_4 are sparse and of norms in the hundreds, which saturates the additive score's tanh
-        and the initial state's), mapped by the learned region embedding if set, with region dropout in training and
-        the position code appended if set."""
+        """Encoder features ``(B, L, D)`` -> regions ``(B, L, D')``: normalised per region or per image if set (CNN
+        features such as VGG's conv5_4 are sparse and of norms in the hundreds, which saturates the additive score's
+        tanh and the initial state's), mapped by the learned region embedding if set, with region dropout in training
+        and the position code appended if set."""
         if self.region_norm is not None:
             features = self.region_norm(features)
         if self.region_embed is not None:
