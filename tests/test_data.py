@@ -289,6 +289,29 @@ def test_epoch_sampler_is_deterministic_resumable_and_sharded():
     assert set(sum(shards, [])) == set(range(10))
 
 
+def test_epoch_sampler_mirrors_items_by_chance_in_the_same_order_and_resumes():
+    plain = EpochSampler(200, seed=3)
+    plain.set_epoch(2)
+    sampler = EpochSampler(200, seed=3, mirror=0.5)
+    sampler.set_epoch(2)
+    drawn = list(sampler)
+    assert [i % 200 for i in drawn] == list(plain)            # the order of an unmirrored run, some items mirrored
+    assert all(0 <= i < 400 for i in drawn) and 60 < sum(i >= 200 for i in drawn) < 140
+    sampler.set_epoch(2, start=7)
+    assert list(sampler) == drawn[7:]
+    sampler.set_epoch(3)
+    assert [i >= 200 for i in sampler] != [i >= 200 for i in drawn]   # each epoch its own draws
+    every = EpochSampler(200, seed=3, mirror=1.0)
+    every.set_epoch(2)
+    assert all(i >= 200 for i in every)
+    shards = []
+    for rank in range(2):
+        s = EpochSampler(200, seed=3, rank=rank, world_size=2, mirror=0.5)
+        s.set_epoch(2)
+        shards.append(list(s))
+    assert shards[0] + shards[1] != drawn and sorted(shards[0] + shards[1]) == sorted(drawn)
+
+
 def test_saved_configs_gain_settings_added_since(tmp_path):
     from captioner.config import complete
 

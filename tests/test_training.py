@@ -473,6 +473,62 @@ def test_data_vocab_writes_the_file_that_training_then_uses(tiny_coco, tmp_path,
     assert kept["counts"][3] == counts[3] + counts[-1]                     # the word left out is now <unk>'s
 
 
+def test_mirror_cache_holds_the_flipped_images_and_mirrored_items_swap_left_and_right(tiny_coco, tmp_path, capsys):
+    from captioner.data.dataset import make_dataset
+    from captioner.data.vocabulary import Vocabulary
+
+    config = tiny_config(tiny_coco, tmp_path / "run", data={"features": str(tmp_path / "cache")})
+    save_config(config, tmp_path / "config.yaml")
+    records = read_split(config.data, "train")
+    vocab = Vocabulary.build([c for r in records for c in r.captions], min_count=1)
+    model = build_model(config, vocab_size=len(vocab)).eval()
+    transform = image_transform(model.encoder)
+    assert main(["cache-features", str(tmp_path / "config.yaml"), "--splits", "train"]) == 0
+    with pytest.raises(CaptionerError, match=r"cache/mirrored: no mirror cache for data.mirror; run"):
+        make_dataset(config.data, records, vocab, model.encoder, pairs=True, mirrored=True)
+    assert main(["cache-features", str(tmp_path / "config.yaml"), "--splits", "train", "--mirrored"]) == 0
+    assert "cache/mirrored: 12 images written" in capsys.readouterr().out
+    mirrored = FeatureCache(tmp_path / "cache" / "mirrored")
+    assert mirrored.meta["mirrored"] is True and "mirrored" not in FeatureCache(tmp_path / "cache").meta
+    with torch.no_grad():
+        for record in records[:3]:
+            flipped = transform(load_image(record.path).transpose(0))       # PIL's FLIP_LEFT_RIGHT
+            torch.testing.assert_close(mirrored[record.image_id], model.encoder(flipped[None])[0], rtol=2e-3, atol=2e-3)
+    pairs = make_dataset(config.data, records, vocab, model.encoder, pairs=True, mirrored=True)
+    n = len(pairs)
+    swap = {"left": "right", "right": "left"}
+    for i in range(n):
+        plain, mirror = pairs[i], pairs[i + n]
+        assert mirror["index"] == plain["index"] and mirror["image_id"] == plain["image_id"]
+        assert torch.equal(mirror["visual"], mirrored[plain["image_id"]])
+        words = vocab.decode(plain["caption"]).split()
+        assert vocab.decode(mirror["caption"]).split() == [swap.get(w, w) for w in words]
+    assert any("left" in vocab.decode(pairs[i]["caption"]) for i in range(n))
+    with pytest.raises(IndexError):
+        pairs[2 * n]
+    images = make_dataset(dataclasses.replace(config.data, features=None), records, vocab, model.encoder, pairs=True)
+    flipped = transform(load_image(records[0].path).transpose(0))
+    torch.testing.assert_close(images[n]["visual"], flipped, rtol=0, atol=1e-5)   # a flipped tensor, as if flipped first
+    (tmp_path / "cache" / "mirrored" / "meta.json").write_text(
+        (tmp_path / "cache" / "meta.json").read_text())       # a cache of the images as they are in its place
+    with pytest.raises(CaptionerError, match="mirrored/meta.json: a cache of images as they are, not mirrored"):
+        make_dataset(config.data, records, vocab, model.encoder, pairs=True, mirrored=True)
+
+
+def test_training_with_mirrored_items_makes_its_mirror_cache_and_resumes_exactly(tiny_coco, tmp_path):
+    data = {"features": str(tmp_path / "cache"), "mirror": 0.5}
+    train(tiny_config(tiny_coco, tmp_path / "full", data=data, train={"epochs": 2}))
+    cache = FeatureCache(tmp_path / "cache" / "mirrored")
+    assert cache.meta["splits"] == ["train"] and len(cache.meta["image_ids"]) == 12
+    train(tiny_config(tiny_coco, tmp_path / "split", data=data, train={"epochs": 1}))
+    train(tiny_config(tiny_coco, tmp_path / "split", data=data, train={"epochs": 2}), resume=True)
+    assert_same_weights(state_of(tmp_path / "full" / "last.pt"), state_of(tmp_path / "split" / "last.pt"))
+    plain = tiny_config(tiny_coco, tmp_path / "plain", data={"features": str(tmp_path / "cache")}, train={"epochs": 2})
+    train(plain)
+    before, after = state_of(tmp_path / "plain" / "last.pt"), state_of(tmp_path / "full" / "last.pt")
+    assert any(not torch.equal(before[k], after[k]) for k in before)      # the mirrored items were trained on
+
+
 def test_cache_features_precision_is_a_choice(tiny_coco, tmp_path, capsys):
     config = tiny_config(tiny_coco, tmp_path / "run", data={"features": str(tmp_path / "cache")})
     save_config(config, tmp_path / "config.yaml")

@@ -15,7 +15,9 @@ def add_parser(commands) -> None:
     add_overrides(parser)
     parser.add_argument("--splits", nargs="+", default=["train", "val", "test"],
                         help="the splits whose images are encoded (default: train val test)")
-    parser.add_argument("--out", help="cache folder (default: data.features)")
+    parser.add_argument("--out", help="cache folder (default: data.features, or data.features/mirrored with --mirrored)")
+    parser.add_argument("--mirrored", action="store_true",
+                        help="encode each image flipped left to right (the cache that data.mirror reads)")
     parser.add_argument("--batch-size", type=positive_int, default=32,
                         help="images encoded at once (default: 32; smaller needs less memory)")
     parser.add_argument("--dtype", choices=["float16", "float32"], default="float16",
@@ -28,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
     from captioner.training.features import cache_features
 
     result = cache_features(load_config(args.config, args.overrides), args.splits, args.out,
-                            batch_size=args.batch_size, dtype=args.dtype)
+                            batch_size=args.batch_size, dtype=args.dtype, mirrored=args.mirrored)
     print(f"{result['folder']}: {result['written']} images written, {result['skipped']} already cached, "
           f"{len(result['failed'])} unreadable")
     for image_id, reason in result["failed"].items():

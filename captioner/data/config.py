@@ -41,6 +41,10 @@ class DataConfig:
     max_pixels: int = setting(64_000_000, "images with more pixels are refused before decoding", minimum=1,
                               affects_results=False)
     strict: bool = setting(False, "unreadable images stop the run instead of being skipped", affects_results=False)
+    mirror: float = setting(0.0, "chance that a cross-entropy training caption is paired with its photo flipped left "
+                                 "to right (its words left and right swapped); from cached features: the mirror "
+                                 "cache <data.features>/mirrored (captioner cache-features --mirrored)",
+                            minimum=0.0, maximum=1.0)
     bucket_by_length: bool = setting(False, "batches of similar caption length (less padding), order still random")
 
     def check(self) -> None:

@@ -12,7 +12,7 @@ import torch
 from torch.utils.data import Dataset, Sampler
 
 from captioner.data.config import DataConfig
-from captioner.data.feature_cache import FeatureCache
+from captioner.data.feature_cache import FeatureCache, mirrored_folder
 from captioner.data.images import image_transform, load_image
 from captioner.data.readers import ImageRecord
 from captioner.data.vocabulary import Vocabulary
@@ -28,17 +28,23 @@ class CaptionDataset(Dataset):
     (``features`` given): ``visual`` is ``(3, H, W)`` or ``(L, D)``. Every record keeps all of its
     captions, so evaluation can score against all references. Images missing from the feature cache
     (unreadable when the cache was built) are left out and counted in ``missing``.
+
+    Item ``i + len(self)`` is item ``i`` mirrored: its image flipped left to right (from features: read from
+    ``mirrored``, the cache of the flipped images) and the words ``left`` and ``right`` of its caption swapped.
     """
 
     def __init__(self, records: Sequence[ImageRecord], vocab: Vocabulary, max_caption_length: int, *,
                  features: FeatureCache | None = None, transform=None, pairs: bool = True,
-                 max_pixels: int = 64_000_000, strict: bool = False):
+                 max_pixels: int = 64_000_000, strict: bool = False, mirrored: FeatureCache | None = None):
         if (features is None) == (transform is None):
             raise ValueError("give exactly one of features or transform")
+        if mirrored is not None and features is None:
+            raise ValueError("a mirror cache goes with features")
         self.vocab, self.max_caption_length = vocab, max_caption_length
-        self.features, self.transform = features, transform
+        self.features, self.transform, self.mirrored = features, transform, mirrored
         self.max_pixels, self.strict = max_pixels, strict
-        self.missing = [r.image_id for r in records if features is not None and r.image_id not in features]
+        caches = [cache for cache in (features, mirrored) if cache is not None]
+        self.missing = [r.image_id for r in records if not all(r.image_id in cache for cache in caches)]
         if self.missing and strict:
             raise CaptionerError(f"{features.folder}: {len(self.missing)} image(s) missing from the feature cache, "
                                  f"e.g. id {self.missing[0]} (data.strict is on)")
@@ -58,6 +64,10 @@ class CaptionDataset(Dataset):
         # item i: record item_record[i] with its caption item_caption[i] (an index into offsets; -1: no caption)
         self.item_record = np.repeat(np.arange(len(self.records)), counts) if pairs else np.arange(len(self.records))
         self.item_caption = np.arange(len(encoded)) if pairs else np.full(len(self.records), -1)
+        self.mirror_words = torch.arange(len(vocab))     # word index -> its index in a mirrored caption
+        if "left" in vocab.index and "right" in vocab.index:
+            self.mirror_words[[vocab.index["left"], vocab.index["right"]]] = torch.tensor(
+                [vocab.index["right"], vocab.index["left"]])
 
     def __len__(self) -> int:
         return len(self.item_record)
@@ -81,18 +91,26 @@ class CaptionDataset(Dataset):
         return "features" if self.features is not None else "images"
 
     def __getitem__(self, index: int) -> dict:
+        mirror, index = divmod(index, len(self))
+        if mirror > 1 or (mirror and self.features is not None and self.mirrored is None):
+            raise IndexError(f"item {index + mirror * len(self)} of a dataset of {len(self)} items"
+                             f"{' (no mirror cache)' if mirror == 1 else ''}")
         record_index, caption = int(self.item_record[index]), int(self.item_caption[index])
         image_id = int(self.image_ids[record_index])
         item = {"index": record_index, "image_id": image_id, "caption": None, "visual": None, "error": None,
                 "kind": self.visual_kind}
         if caption >= 0:
             item["caption"] = torch.from_numpy(self.tokens[self.offsets[caption] : self.offsets[caption + 1]]).long()
+            if mirror:
+                item["caption"] = self.mirror_words[item["caption"]]
         if self.features is not None:
-            item["visual"] = self.features[image_id]
+            item["visual"] = (self.mirrored if mirror else self.features)[image_id]
         else:
             try:
                 path = self.records[record_index].path
                 item["visual"] = self.transform(load_image(path, max_pixels=self.max_pixels))
+                if mirror:
+                    item["visual"] = item["visual"].flip(-1)
             except ImageError as err:
                 if self.strict:
                     raise
@@ -139,22 +157,39 @@ def visual_inputs(batch: dict, device: torch.device, channels_last: bool = False
 
 
 def make_dataset(data: DataConfig, records: Sequence[ImageRecord], vocab: Vocabulary, encoder, *, pairs: bool,
-                 whole_cache_only: bool = False) -> CaptionDataset:
+                 whole_cache_only: bool = False, mirrored: bool = False) -> CaptionDataset:
     """The dataset of ``records`` as the config's ``data`` section says: cached features when ``data.features``
     names a cache (images it lacks are left out and counted in ``missing``), else images through the
     encoder's transform. With ``whole_cache_only`` (evaluation) the cache is used only when it holds every
-    record, and the raw images otherwise."""
+    record, and the raw images otherwise. ``mirrored``: with the mirror cache too (:func:`mirrored_folder`), so
+    that the mirrored items can be read."""
     common = {"max_caption_length": data.max_caption_length, "max_pixels": data.max_pixels,
               "strict": data.strict, "pairs": pairs}
     if data.features and (not whole_cache_only or Path(data.features).exists()):
         cache = FeatureCache(data.features)
         if not whole_cache_only or all(r.image_id in cache for r in records):
-            dataset = CaptionDataset(records, vocab, features=cache, **common)
+            mirror_cache = mirror_cache_of(cache) if mirrored else None
+            dataset = CaptionDataset(records, vocab, features=cache, mirrored=mirror_cache, **common)
             if dataset.missing:
                 log.warning("%s: %d image(s) missing from the feature cache are skipped", cache.folder,
                             len(dataset.missing))
             return dataset
     return CaptionDataset(records, vocab, transform=image_transform(encoder), **common)
+
+
+def mirror_cache_of(cache: FeatureCache) -> FeatureCache:
+    """The mirror cache of ``cache`` (:func:`mirrored_folder`); one line naming it when it is missing or is not a
+    cache of mirrored images by the same encoder."""
+    folder = mirrored_folder(cache.folder)
+    if not (folder / "meta.json").exists():
+        raise CaptionerError(f"{folder}: no mirror cache for data.mirror; run 'captioner cache-features CONFIG "
+                             "--splits train --mirrored'")
+    mirrored = FeatureCache(folder)
+    if not mirrored.meta.get("mirrored"):
+        raise CaptionerError(f"{folder / 'meta.json'}: a cache of images as they are, not mirrored")
+    if mirrored.meta.get("encoder") != cache.meta.get("encoder") or mirrored.grid != cache.grid:
+        raise CaptionerError(f"{folder}: cached with another encoder than {cache.folder}; re-cache it")
+    return mirrored
 
 
 class EpochSampler(Sampler[int]):
@@ -164,15 +199,17 @@ class EpochSampler(Sampler[int]):
     uninterrupted run would. Rank ``r`` takes every ``world_size``-th item from ``r`` (the permutation padded to
     a multiple of ``world_size``). With ``lengths`` (per item) and ``bucket_batch`` (the global batch size), each
     window of :attr:`BUCKET_WINDOW` global batches is sorted by length and its batches shuffled (less padding).
+    With ``mirror`` > 0, each item of that order is drawn mirrored (index ``i + num_items``, as
+    :class:`CaptionDataset` reads it) with that chance, from the same generator: the order stays as it is.
     """
 
     BUCKET_WINDOW = 50
 
     def __init__(self, num_items: int, seed: int, rank: int = 0, world_size: int = 1,
-                 lengths: Sequence[int] | None = None, bucket_batch: int = 0):
+                 lengths: Sequence[int] | None = None, bucket_batch: int = 0, mirror: float = 0.0):
         self.num_items, self.seed = num_items, seed
         self.rank, self.world_size = rank, world_size
-        self.lengths, self.bucket_batch = lengths, bucket_batch
+        self.lengths, self.bucket_batch, self.mirror = lengths, bucket_batch, mirror
         self.epoch, self.start = 0, 0
 
     def set_epoch(self, epoch: int, start: int = 0) -> None:
@@ -184,6 +221,9 @@ class EpochSampler(Sampler[int]):
         order = torch.randperm(self.num_items, generator=generator).tolist()
         if self.lengths is not None and self.bucket_batch > 0:
             order = self._bucketed(order, generator)
+        if self.mirror > 0:
+            flips = (torch.rand(len(order), generator=generator) < self.mirror).tolist()
+            order = [i + self.num_items if flip else i for i, flip in zip(order, flips)]
         per_rank = -(-self.num_items // self.world_size)
         order += order[: per_rank * self.world_size - len(order)]
         return order[self.rank :: self.world_size]

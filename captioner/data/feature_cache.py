@@ -4,7 +4,8 @@ Layout of a cache folder::
 
     features.npy   (N, L, D) float16 (or float32), written in place through a memory map
     status.npy     (N,) uint8: 0 = not yet written, 1 = written, 2 = image unreadable
-    meta.json      image ids (row order), grid, feature size, dtype, the encoder config, the splits cached
+    meta.json      image ids (row order), grid, feature size, dtype, the encoder config, the splits cached,
+                   whether the images were mirrored (flipped left to right) before the encoder
     failed.json    {image_id: reason} for unreadable images
 
 Writing is resumable: rows already marked written are skipped when the same images and encoder are
@@ -63,8 +64,9 @@ def _collate_images(batch):
 def build_feature_cache(encoder, records: Sequence[ImageRecord], out_dir: str | Path, *, transform,
                         batch_size: int = 32, num_workers: int = 0, max_pixels: int = 64_000_000,
                         dtype: str = "float16", encoder_config: dict | None = None,
-                        splits: Sequence[str] = (), progress: bool = True) -> dict:
-    """Run the frozen ``encoder`` once over every record's image and store the features.
+                        splits: Sequence[str] = (), mirrored: bool = False, progress: bool = True) -> dict:
+    """Run the frozen ``encoder`` once over every record's image and store the features (``mirrored``: the
+    ``transform`` flips each image left to right, which the cache's meta.json records).
 
     Returns ``{"written": n, "failed": {image_id: reason}, "skipped": n_already_done}``.
     """
@@ -77,6 +79,8 @@ def build_feature_cache(encoder, records: Sequence[ImageRecord], out_dir: str | 
     ordered = [unique[i] for i in ids]
     meta = {"image_ids": ids, "grid": list(encoder.grid), "feature_dim": encoder.feature_dim,
             "dtype": dtype, "encoder": encoder_config or {}, "splits": list(splits)}
+    if mirrored:
+        meta["mirrored"] = True
     shape = (len(ids), encoder.grid[0] * encoder.grid[1], encoder.feature_dim)
     features, status, failed = _open_cache(out_dir, meta, shape)
     failed_path = out_dir / "failed.json"
@@ -168,6 +172,12 @@ def _no_space(path: Path, size: int, needed: int, free: int) -> CaptionerError:
     return CaptionerError(f"{path}: the feature cache needs {size / 1e9:.2f} GB ({needed / 1e9:.2f} GB not yet on "
                           f"disk) and {path.parent} has {free / 1e9:.2f} GB free; free some space or choose another "
                           "folder (data.features or --out)")
+
+
+def mirrored_folder(features: str | Path) -> Path:
+    """The cache of the mirror images (each flipped left to right) that goes with the feature cache ``features``:
+    what ``data.mirror`` reads."""
+    return Path(features) / "mirrored"
 
 
 def cache_is_complete(folder: str | Path) -> bool:

@@ -39,7 +39,7 @@ from captioner.data.dataset import (
     make_dataset,
     visual_inputs,
 )
-from captioner.data.feature_cache import cache_is_complete, check_cache_matches
+from captioner.data.feature_cache import cache_is_complete, check_cache_matches, mirrored_folder
 from captioner.data.readers import available_splits, read_splits
 from captioner.data.vocabulary import Vocabulary, training_vocabulary, with_training_counts
 from captioner.decoding.search import DecodeConfig
@@ -323,12 +323,13 @@ def wrap_model(model: Captioner, world: World, device: torch.device) -> nn.Modul
 
 
 def epoch_loader(dataset: CaptionDataset, config: Config, world: World, device: torch.device, rank_batch: int,
-                 bucket: bool) -> DataLoader:
-    """A loader whose :class:`EpochSampler` gives every epoch its own order (``loader.sampler.set_epoch``)."""
+                 bucket: bool, mirror: float = 0.0) -> DataLoader:
+    """A loader whose :class:`EpochSampler` gives every epoch its own order (``loader.sampler.set_epoch``) and
+    mirrors each item with chance ``mirror``."""
     data = config.data
     sampler = EpochSampler(len(dataset), seed=config.run.seed, rank=world.rank, world_size=world.size,
                            lengths=[dataset.caption_length(i) for i in range(len(dataset))],
-                           bucket_batch=config.train.batch_size if bucket else 0)
+                           bucket_batch=config.train.batch_size if bucket else 0, mirror=mirror)
     workers = data.num_workers
     return DataLoader(dataset, batch_size=rank_batch, sampler=sampler, collate_fn=collate, num_workers=workers,
                       pin_memory=device.type == "cuda", persistent_workers=workers > 0,
@@ -355,8 +356,9 @@ def build_run(config: Config, world: World, device: torch.device, checkpoint: di
     start = prepare_fine_tuning(model, config)
     if train.channels_last and device.type == "cuda":
         model.encoder.to(memory_format=torch.channels_last)
-    loaders = {"xe": epoch_loader(make_dataset(config.data, train_records, vocab, model.encoder, pairs=True), config, world,
-                                  device, rank_batch, data.bucket_by_length)}
+    # SCST's items stay as they are: its rewards score a sample against the photo's captions as written
+    xe_set = make_dataset(data, train_records, vocab, model.encoder, pairs=True, mirrored=data.mirror > 0)
+    loaders = {"xe": epoch_loader(xe_set, config, world, device, rank_batch, data.bucket_by_length, data.mirror)}
     loss = build_loss(model.decoder, config.loss).to(device)
     self_critical = None
     if train.objective == "scst":
@@ -746,17 +748,22 @@ def prepare_feature_cache(config: Config, world: World) -> None:
     features of the data's splits first (resumable), so that a run needs no separate ``cache-features`` step.
     Under torchrun the cache must be made beforehand (the other ranks would wait on rank 0 for hours)."""
     folder = config.data.features
-    if not folder or cache_is_complete(folder):
+    if not folder:
         return
-    if world.distributed:
-        raise CaptionerError(f"{folder}: no finished feature cache; make it before starting torchrun "
-                             "(captioner cache-features CONFIG)")
-    splits = available_splits(config.data)
-    log.info("%s: no finished feature cache; caching the encoder's features of %s first (resumable)", folder,
-             ", ".join(splits))
-    result = cache_features(config, splits)
-    if result["failed"]:
-        log.warning("%s: %d unreadable image(s) left out (listed in failed.json)", folder, len(result["failed"]))
+    wanted = [(folder, available_splits(config.data), False)]
+    if config.data.mirror > 0:      # the mirror cache of the train images (data.mirror)
+        wanted.append((mirrored_folder(folder), ["train"], True))
+    for cache, splits, mirrored in wanted:
+        if cache_is_complete(cache):
+            continue
+        if world.distributed:
+            raise CaptionerError(f"{cache}: no finished feature cache; make it before starting torchrun "
+                                 f"(captioner cache-features CONFIG{' --splits train --mirrored' if mirrored else ''})")
+        log.info("%s: no finished feature cache; caching the encoder's features of %s%s first (resumable)", cache,
+                 ", ".join(splits), " (mirrored)" if mirrored else "")
+        result = cache_features(config, splits, cache, mirrored=mirrored)
+        if result["failed"]:
+            log.warning("%s: %d unreadable image(s) left out (listed in failed.json)", cache, len(result["failed"]))
 
 
 def train(config: Config, *, resume: bool = False, overwrite: bool = False, progress: bool = True) -> dict:
