@@ -515,9 +515,11 @@ def test_mirror_cache_holds_the_flipped_images_and_mirrored_items_swap_left_and_
         make_dataset(config.data, records, vocab, model.encoder, pairs=True, mirrored=True)
 
 
-def test_training_with_mirrored_items_makes_its_mirror_cache_and_resumes_exactly(tiny_coco, tmp_path):
+def test_training_with_mirrored_items_makes_its_mirror_cache_and_resumes_exactly(tiny_coco, tmp_path, caplog):
     data = {"features": str(tmp_path / "cache"), "mirror": 0.5}
-    train(tiny_config(tiny_coco, tmp_path / "full", data=data, train={"epochs": 2}))
+    with caplog.at_level(logging.INFO, logger="captioner.training.engine"):
+        train(tiny_config(tiny_coco, tmp_path / "full", data=data, train={"epochs": 2}))
+    assert f"each caption's photo mirrored with chance 0.5 (from {tmp_path / 'cache' / 'mirrored'})" in caplog.text
     cache = FeatureCache(tmp_path / "cache" / "mirrored")
     assert cache.meta["splits"] == ["train"] and len(cache.meta["image_ids"]) == 12
     train(tiny_config(tiny_coco, tmp_path / "split", data=data, train={"epochs": 1}))

@@ -424,6 +424,9 @@ def startup_facts(run: Run) -> list[str]:
     source = (f"features cached in {data.features} ({pairs.features.grid[0]}x{pairs.features.grid[1]} regions of "
               f"{pairs.features.feature_dim})" if pairs.features is not None
               else f"images through {run.config.encoder.name} at {run.config.encoder.image_size} px")
+    if data.mirror > 0:
+        source += f"; each caption's photo mirrored with chance {data.mirror:g}" + (
+            f" (from {pairs.mirrored.folder})" if pairs.mirrored is not None else "")
     missing = f", {len(pairs.missing)} missing from the cache and skipped" if pairs.missing else ""
     return [f"device: {describe_device(run.device)}",
             f"precision: {run.precision.describe(run.device)}; compile: {train.compile}",
