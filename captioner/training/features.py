@@ -7,7 +7,7 @@ import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 
-from PIL import Image, ImageOps
+from PIL import ImageOps
 from torchvision import transforms
 
 from captioner.config import Config
@@ -19,18 +19,13 @@ from captioner.errors import CaptionerError
 from captioner.models.encoder import build_encoder
 
 
-def mirror(image: Image.Image) -> Image.Image:
-    """``image`` flipped left to right."""
-    return ImageOps.mirror(image)
-
-
 def cache_features(config: Config, splits: Sequence[str], folder: str | Path | None = None, *, batch_size: int = 32,
                    dtype: str = "float16", mirrored: bool = False, progress: bool = True) -> dict:
     """Cache the config's frozen encoder's features of every image of ``splits`` into ``folder`` (default
     ``data.features``; ``mirrored``: of each image flipped left to right, default ``data.features``/mirrored):
     what ``captioner cache-features`` and the demo run. Returns :func:`build_feature_cache`'s summary plus
     ``folder``."""
-    if folder is None and config.data.features:
+    if not folder and config.data.features:
         folder = mirrored_folder(config.data.features) if mirrored else config.data.features
     if not folder:
         raise CaptionerError("cache-features: set data.features in the config (or pass --out DIR)")
@@ -40,7 +35,7 @@ def cache_features(config: Config, splits: Sequence[str], folder: str | Path | N
     encoder = build_encoder(config.encoder).prepare_for_inference().to(resolve_device(config.run.device))
     transform = image_transform(encoder)
     if mirrored:
-        transform = transforms.Compose([mirror, transform])
+        transform = transforms.Compose([ImageOps.mirror, transform])
     result = build_feature_cache(encoder, records, folder, transform=transform, batch_size=batch_size,
                                  num_workers=config.data.num_workers, max_pixels=config.data.max_pixels,
                                  dtype=dtype, encoder_config=dataclasses.asdict(config.encoder), splits=splits,
